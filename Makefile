@@ -1,0 +1,35 @@
+# The README's two commands: `make run` (the main job) and `make test`.
+# Both build everything they need from nothing: a .venv, torch==2.13.0 (the CPU wheel on this
+# machine's disk; any torch >= 2.4 works), and this package installed editable with its extras.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv clean status
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: the main job - `orchestrate run phase1` on whatever device this machine has.
+run: $(STAMP)
+	$(VENV)/bin/orchestrate run phase1 --device auto
+
+## test: the whole test suite (GPU tests skip with their reason on a machine without one).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+status: $(STAMP)
+	$(VENV)/bin/orchestrate status
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,275 @@
+"""The gate framework: outcomes, results, figures, the context a check runs in, and `run_check`.
+
+A gate is a pydantic spec (its thresholds, see `kdtree.gates.spec`) plus a check function
+``check(spec, ctx) -> GateResult``. `run_check` is the only way a check is run:
+
+- a requirement the machine lacks (``cuda``, ``nvcc``, ``sm>=80``, ``triton``, ...) gives
+  ``skipped`` with the reason, and the phase is incomplete, never passed;
+- an exception inside the check gives ``error`` with the traceback, never ``passed``;
+- a ``passed`` result that carries no figure ("measured nothing") is turned into ``error``;
+- KeyboardInterrupt and SystemExit propagate: an interrupted run is the runner's business.
+
+This module imports neither torch nor anything else of the project.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Outcome(str, enum.Enum):
+    """What a gate concluded. Only ``passed`` counts towards a passing phase."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    ERROR = "error"
+    NOT_IMPLEMENTED = "not-implemented"
+
+
+Comparator = Literal[">=", "<=", ">", "<", "=="]
+
+
+def compare(value: float, op: Comparator, threshold: float) -> bool:
+    """``value op threshold``; NaN never satisfies any comparison."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    return {
+        ">=": value >= threshold,
+        "<=": value <= threshold,
+        ">": value > threshold,
+        "<": value < threshold,
+        "==": value == threshold,
+    }[op]
+
+
+class Figure(BaseModel):
+    """One measured number, optionally held against a threshold (``value op threshold``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    value: Optional[float]
+    unit: str = ""
+    threshold: Optional[float] = None
+    op: Optional[Comparator] = None
+    key: bool = False  # the figure `orchestrate status` shows for the gate
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _nan_to_none(cls, v: Any) -> Any:
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return None  # JSON has no NaN; None reads as "not a number" and never passes
+        return v
+
+    @property
+    def ok(self) -> Optional[bool]:
+        """True/False against the threshold; None when the figure has no threshold."""
+        if self.threshold is None or self.op is None:
+            return None
+        return self.value is not None and compare(self.value, self.op, self.threshold)
+
+    def render(self) -> str:
+        """``speedup 4.2x >= 3.0x`` style text."""
+        val = "NaN" if self.value is None else _fmt(self.value)
+        text = f"{self.name} {val}{self.unit}"
+        if self.threshold is not None and self.op is not None:
+            mark = "" if self.ok else " (miss)"
+            text += f" {self.op} {_fmt(self.threshold)}{self.unit}{mark}"
+        return text
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 1000 or ax < 1e-3:
+        return f"{x:.3g}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+class GateResult(BaseModel):
+    """The outcome of one gate with everything it measured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gate: str
+    kind: str
+    outcome: Outcome
+    summary: str = ""
+    figures: list[Figure] = Field(default_factory=list)
+    reason: Optional[str] = None  # why skipped / not implemented
+    traceback: Optional[str] = None  # set for ``error``
+    duration_s: float = 0.0
+    details: dict[str, Any] = Field(default_factory=dict)  # JSON-able extras (per-case rows, ...)
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASSED
+
+    def key_figure(self) -> Optional[Figure]:
+        for fig in self.figures:
+            if fig.key:
+                return fig
+        for fig in self.figures:
+            if fig.threshold is not None:
+                return fig
+        return self.figures[0] if self.figures else None
+
+
+def verdict(gate: str, kind: str, figures: list[Figure], summary: str = "", **details: Any) -> GateResult:
+    """A result whose outcome follows from its figures: passed iff every thresholded figure is ok.
+
+    A gate with no thresholded figure has measured nothing against its spec and is an error.
+    """
+    checked = [f for f in figures if f.ok is not None]
+    if not checked:
+        return GateResult(gate=gate, kind=kind, outcome=Outcome.ERROR, figures=figures,
+                          summary=summary or "measured nothing against a threshold", details=details)
+    missed = [f for f in checked if not f.ok]
+    outcome = Outcome.FAILED if missed else Outcome.PASSED
+    if not summary:
+        summary = "; ".join(f.render() for f in (missed or checked)[:3])
+    return GateResult(gate=gate, kind=kind, outcome=outcome, figures=figures, summary=summary,
+                      details=details)
+
+
+def not_implemented(gate: str, kind: str, reason: str) -> GateResult:
+    """What a gate reports until the phase's work exists. It is a failure, never a pass."""
+    return GateResult(gate=gate, kind=kind, outcome=Outcome.NOT_IMPLEMENTED, reason=reason,
+                      summary=f"not implemented: {reason}")
+
+
+ProgressFn = Callable[[str, Optional[float]], None]
+
+
+def _no_progress(message: str, fraction: Optional[float] = None) -> None:
+    return None
+
+
+@dataclass
+class GateContext:
+    """Where and how a check runs. Checks draw fresh randomness themselves (see `fresh_seed`)."""
+
+    device: str = "cpu"  # "cpu" or "cuda"
+    repo_root: Path = field(default_factory=Path.cwd)
+    artifacts_dir: Optional[Path] = None  # where plots / tables may be written
+    quick: bool = False  # smaller grids (tests, CI)
+    progress: ProgressFn = _no_progress
+    env: dict[str, str] = field(default_factory=dict)
+
+    def fresh_seed(self) -> int:
+        """A seed nobody chose: every trial of every run sees new inputs."""
+        return int.from_bytes(os.urandom(4), "little")
+
+
+def _cuda_capability() -> Optional[tuple[int, int]]:
+    try:
+        import torch  # noqa: PLC0415 - only when a gate asks for CUDA
+    except Exception:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability()
+
+
+def missing_requirement(requires: list[str], ctx: GateContext) -> Optional[str]:
+    """The first requirement this machine lacks, as a sentence, or None if all are met.
+
+    Known requirements: ``cuda``, ``sm>=NN``, ``nvcc``, ``triton``, ``compute-sanitizer``,
+    ``torch``, and ``exe:NAME`` for any executable on PATH.
+    """
+    for req in requires:
+        if req == "torch":
+            try:
+                import torch  # noqa: F401, PLC0415
+            except Exception:
+                return "torch is not installed"
+        elif req == "cuda":
+            if ctx.device == "cpu":
+                return "the run was asked for --device cpu"
+            if _cuda_capability() is None:
+                return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+        elif req.startswith("sm>="):
+            cap = _cuda_capability()
+            need = int(req[4:])
+            if cap is None:
+                return f"{req} needs a CUDA GPU and none is visible"
+            if cap[0] * 10 + cap[1] < need:
+                return f"{req} not met: the GPU is sm_{cap[0]}{cap[1]}"
+        elif req == "nvcc":
+            if _find_nvcc() is None:
+                return "nvcc is not on PATH and CUDA_HOME/bin/nvcc does not exist"
+        elif req == "triton":
+            try:
+                import triton  # noqa: F401, PLC0415
+            except Exception:
+                return "triton is not installed"
+        elif req == "compute-sanitizer":
+            if shutil.which("compute-sanitizer") is None and not _cuda_tool("compute-sanitizer"):
+                return "compute-sanitizer is not on PATH"
+        elif req.startswith("exe:"):
+            if shutil.which(req[4:]) is None:
+                return f"{req[4:]} is not on PATH"
+        else:
+            return f"unknown requirement {req!r}"
+    return None
+
+
+def _cuda_tool(name: str) -> Optional[str]:
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            cand = Path(root) / "bin" / name
+            if cand.exists():
+                return str(cand)
+    return None
+
+
+def _find_nvcc() -> Optional[str]:
+    return shutil.which("nvcc") or _cuda_tool("nvcc")
+
+
+CheckFn = Callable[[Any, GateContext], GateResult]
+
+
+def run_check(spec: Any, check: Optional[CheckFn], ctx: GateContext) -> GateResult:
+    """Run one gate's check under the framework's rules (see module docstring)."""
+    name, kind = spec.name, spec.kind
+    start = time.perf_counter()
+    if check is None:
+        return not_implemented(name, kind, "the phase provides no check for this gate")
+    reason = missing_requirement(list(spec.requires), ctx)
+    if reason is not None:
+        return GateResult(gate=name, kind=kind, outcome=Outcome.SKIPPED, reason=reason,
+                          summary=f"skipped: {reason}")
+    try:
+        result = check(spec, ctx)
+        if not isinstance(result, GateResult):
+            raise TypeError(f"check for gate {name!r} returned {type(result).__name__}, not GateResult")
+        if result.outcome is Outcome.PASSED and not any(f.ok for f in result.figures):
+            result = result.model_copy(update={
+                "outcome": Outcome.ERROR,
+                "summary": "reported passed but measured nothing against a threshold"})
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of a check is an error outcome
+        result = GateResult(gate=name, kind=kind, outcome=Outcome.ERROR,
+                            summary=f"{type(exc).__name__}: {exc}"[:500],
+                            traceback=traceback.format_exc())
+    result.duration_s = time.perf_counter() - start
+    result.gate, result.kind = name, kind
+    return result

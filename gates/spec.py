@@ -1,0 +1,159 @@
+"""Pydantic specs: one GateSpec kind per generic gate, and PhaseSpec (a named set of gates).
+
+PhaseSpec lives here, at the bottom of the dependency order, so that phase modules can build
+their SPEC without importing the orchestrator (orchestrator -> phases -> gates). Every model
+forbids unknown fields, so a typo in a spec fails at load with the field path in the message.
+Thresholds are stated here, in the spec, and recorded with every run: changing one makes the
+phase stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kdtree.gates.base import Comparator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GateSpecBase(_Strict):
+    """What every gate has: a name unique in its phase, a description and its requirements."""
+
+    kind: str
+    name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
+    description: str = ""
+    requires: list[str] = Field(default_factory=list)
+
+
+class BuildGateSpec(GateSpecBase):
+    """Compile with nvcc for each arch and hold ptxas' resource report against limits."""
+
+    kind: Literal["build"] = "build"
+    archs: list[str] = Field(default_factory=lambda: ["sm_90", "sm_120"], min_length=1)
+    max_registers: int = Field(255, ge=1, le=255)
+    max_spill_bytes: int = Field(0, ge=0)
+    max_stack_bytes: int = Field(0, ge=0)
+    max_shared_bytes: int = Field(101376, ge=0)  # sm_120's per-block limit
+    forbidden_sass: list[str] = Field(default_factory=lambda: ["HGMMA", "UTCHMMA", "UTCQMMA"])
+
+
+class AccuracyGateSpec(GateSpecBase):
+    """Candidate vs an independent oracle on fresh random cases, outputs poisoned first."""
+
+    kind: Literal["accuracy"] = "accuracy"
+    trials: int = Field(3, ge=1)  # fresh seeds per case
+    max_rel_l2: float = Field(1e-2, gt=0)  # ||out - ref|| / ||ref||
+    max_abs: float = Field(5e-2, gt=0)  # max |out - ref|
+    check_lse: bool = True
+    max_lse_abs: float = Field(1e-2, gt=0)
+
+
+class TokenExactGateSpec(GateSpecBase):
+    """Two token streams (candidate, reference) per prompt must agree; first divergence reported."""
+
+    kind: Literal["token_exact"] = "token_exact"
+    min_prompts: int = Field(16, ge=1)
+    max_new_tokens: int = Field(32, ge=1)
+    min_exact_fraction: float = Field(1.0, ge=0, le=1)
+
+
+class SpeedupGateSpec(GateSpecBase):
+    """Candidate and baseline timed interleaved in one process; outputs compared first."""
+
+    kind: Literal["speedup"] = "speedup"
+    baseline: str
+    min_median_speedup: float = Field(gt=0)  # median over the configs
+    min_each_speedup: float = Field(gt=0)  # every config
+    warmup: int = Field(5, ge=0)
+    repeats: int = Field(30, ge=3)
+    agree_max_rel_l2: float = Field(2e-2, gt=0)  # candidate vs baseline before timing counts
+    min_roofline_median: Optional[float] = Field(None, gt=0, le=1)  # floor / measured, median
+    min_roofline_each: Optional[float] = Field(None, gt=0, le=1)
+    max_roofline: float = Field(1.05, gt=0)  # above the floor => a measurement error
+
+
+class SanitizerGateSpec(GateSpecBase):
+    """compute-sanitizer tools over a small driver program: zero errors each."""
+
+    kind: Literal["sanitizer"] = "sanitizer"
+    tools: list[Literal["memcheck", "racecheck", "initcheck", "synccheck"]] = Field(
+        default_factory=lambda: ["memcheck", "racecheck"], min_length=1)
+    max_errors: int = Field(0, ge=0)
+    timeout_s: float = Field(600, gt=0)
+
+
+class GraphSafetyGateSpec(GateSpecBase):
+    """A captured graph replays == eager on fresh inputs, with no host sync or allocation in capture."""
+
+    kind: Literal["graph_safety"] = "graph_safety"
+    replays: int = Field(8, ge=1)
+    max_rel_l2: float = Field(1e-6, ge=0)
+    min_replay_speedup: Optional[float] = Field(None, gt=0)
+
+
+class Threshold(_Strict):
+    """One named figure held against a bound: ``figure op value``."""
+
+    figure: str
+    op: Comparator
+    value: float
+    unit: str = ""
+
+
+class MetricGateSpec(GateSpecBase):
+    """A check that reports named figures, each held against its threshold."""
+
+    kind: Literal["metric"] = "metric"
+    thresholds: list[Threshold] = Field(min_length=1)
+
+
+GateSpec = Annotated[
+    Union[BuildGateSpec, AccuracyGateSpec, TokenExactGateSpec, SpeedupGateSpec,
+          SanitizerGateSpec, GraphSafetyGateSpec, MetricGateSpec],
+    Field(discriminator="kind"),
+]
+
+
+class PhaseSpec(_Strict):
+    """A phase of the plan: what it delivers, which files it depends on, and its gates."""
+
+    id: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
+    title: str
+    objective: str
+    deliverables: list[str] = Field(default_factory=list)
+    inputs: list[str] = Field(default_factory=list)  # file globs, relative to the repo root
+    gates: list[GateSpec] = Field(min_length=1)
+
+    @field_validator("gates")
+    @classmethod
+    def _unique_gate_names(cls, gates: list) -> list:
+        seen: set[str] = set()
+        for g in gates:
+            if g.name in seen:
+                raise ValueError(f"duplicate gate name {g.name!r}")
+            seen.add(g.name)
+        return gates
+
+    @model_validator(mode="after")
+    def _inputs_relative(self) -> "PhaseSpec":
+        for pattern in self.inputs:
+            if pattern.startswith("/") or ".." in pattern.split("/"):
+                raise ValueError(f"input glob {pattern!r} must be relative to the repo root")
+        return self
+
+    def gate(self, name: str):
+        for g in self.gates:
+            if g.name == name:
+                return g
+        raise KeyError(f"phase {self.id} has no gate {name!r}; it has {[g.name for g in self.gates]}")
+
+    def spec_hash(self) -> str:
+        """Hash of the whole spec, thresholds included: a changed threshold makes the phase stale."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

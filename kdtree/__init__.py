@@ -1,0 +1,9 @@
+"""kdtree-engine: the `kdtree` namespace.
+
+The project's folders live at the top level of the repository (orchestrator/, phases/, gates/,
+kernels/, engine/) and are mapped into this namespace by pyproject's package-dir, so they import
+as `kdtree.orchestrator`, `kdtree.kernels`, ... and never collide with unrelated PyPI packages
+such as `kernels` in an SGLang environment.
+"""
+
+__version__ = "0.1.0"

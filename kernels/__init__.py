@@ -1,0 +1,22 @@
+"""MLA tree-verify attention: the op contract (DESIGN section 3) and its implementations.
+
+    tree_verify_mla(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                    *, out=None, lse=None) -> out
+
+Implementations, all with that signature: `tree_verify_mla` (the owned CUDA kernel, built on
+first call by `kdtree.kernels.jit`), `reference.tree_verify_mla_reference` (the oracle),
+`naive.tree_verify_mla_naive` (plain torch) and `triton_baseline.tree_verify_mla_triton`.
+Importing this package needs no GPU, nvcc or triton.
+"""
+
+from kdtree.kernels.contract import set_debug  # noqa: F401
+from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_mask_from_parents  # noqa: F401
+
+
+def tree_verify_mla(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *,
+                    out=None, lse=None):
+    """The owned CUDA kernel (bf16 in/out, fp32 accumulation). Builds the extension on first call."""
+    from kdtree.kernels.cuda_op import tree_verify_mla_cuda  # noqa: PLC0415 - lazy: needs nvcc + GPU
+
+    return tree_verify_mla_cuda(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                                out=out, lse=lse)
