@@ -95,6 +95,8 @@ class GraphSafetyGateSpec(GateSpecBase):
     replays: int = Field(8, ge=1)
     max_rel_l2: float = Field(1e-6, ge=0)
     min_replay_speedup: Optional[float] = Field(None, gt=0)
+    warmup: int = Field(3, ge=0)  # eager calls before capture, and calls before timing
+    repeats: int = Field(20, ge=3)  # timed replay/eager pairs when min_replay_speedup is set
 
 
 class Threshold(_Strict):

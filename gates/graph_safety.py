@@ -1,0 +1,245 @@
+"""CUDA-graph safety gate: a captured callable replays like the eager call on fresh inputs.
+
+Protocol (the same as the accuracy gate's candidate):
+
+- a case is a `GraphCase`: ``make_inputs(seed, device) -> dict`` draws inputs (the first draw
+  becomes the static input buffers; every later draw must have the same shapes and dtypes and is
+  copied into them; non-tensor values must not change between draws, a graph cannot see them),
+  ``make_outputs(inputs) -> dict[str, Tensor]`` allocates output buffers;
+- ``fn(inputs, outputs) -> None`` reads the input buffers and writes the output buffers in place.
+
+Per case: warm up on a side stream, capture ``fn`` into a ``torch.cuda.CUDAGraph`` with
+``torch.cuda.set_sync_debug_mode("error")`` on (a host sync in capture raises, and any exception
+in capture is a capture failure), count caching-allocator allocations made during capture
+(``allocation.all.allocated`` in ``torch.cuda.memory_stats``, before vs after), then for
+``spec.replays`` fresh inputs: copy them into the static buffers, poison the static outputs,
+replay, and compare with an eager call on the same inputs into fresh poisoned buffers. With
+``spec.min_replay_speedup`` set, replay and eager are then timed interleaved.
+
+`summarize` turns per-case reports into the result and needs no GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
+from kdtree.gates.spec import GraphSafetyGateSpec
+from kdtree.gates.tensors import compare, poison_, poisoned_mask
+from kdtree.gates.timing import Spread, Timer, cuda_event_timer, interleaved, timer_label
+
+
+@dataclass(frozen=True)
+class GraphCase:
+    """A named generator of inputs (static shapes) and their output buffers."""
+
+    name: str
+    make_inputs: Callable[[int, str], dict[str, Any]]
+    make_outputs: Callable[[dict[str, Any]], dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CaseReport:
+    """What happened to one case; `summarize` turns a list of them into a GateResult."""
+
+    name: str
+    capture_error: Optional[str] = None
+    host_sync: bool = False
+    allocations: int = 0
+    replays: int = 0
+    worst_rel_l2: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    replay_s: Optional[Spread] = None
+    eager_s: Optional[Spread] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.replay_s is None or self.eager_s is None or self.replay_s.median <= 0:
+            return None
+        return self.eager_s.median / self.replay_s.median
+
+    def as_row(self) -> dict[str, Any]:
+        return {"case": self.name, "capture_error": self.capture_error, "host_sync": self.host_sync,
+                "allocations_in_capture": self.allocations, "replays": self.replays,
+                "worst_rel_l2": None if math.isnan(self.worst_rel_l2) or math.isinf(self.worst_rel_l2)
+                else self.worst_rel_l2,
+                "problems": self.problems[:10], "seeds": self.seeds,
+                "replay": self.replay_s.ms() if self.replay_s else None,
+                "eager": self.eager_s.ms() if self.eager_s else None, "speedup": self.speedup}
+
+
+def looks_like_sync(message: str) -> bool:
+    """Whether a capture exception says a host synchronisation was attempted."""
+    m = message.lower()
+    return ("synchroniz" in m or "not permitted when stream is capturing" in m
+            or ("capture" in m and "invalid" in m))
+
+
+def copy_into_static(static: dict[str, Any], fresh: dict[str, Any]) -> None:
+    """Copy every tensor of ``fresh`` into the same-named static buffer; anything else must be equal."""
+    import torch  # noqa: PLC0415
+
+    if set(static) != set(fresh):
+        raise ValueError(f"inputs changed keys between draws: {sorted(static)} vs {sorted(fresh)}")
+    for key, buf in static.items():
+        new = fresh[key]
+        if isinstance(buf, torch.Tensor):
+            if not isinstance(new, torch.Tensor) or new.shape != buf.shape or new.dtype != buf.dtype:
+                raise ValueError(f"input {key!r} must keep shape {tuple(buf.shape)} and dtype {buf.dtype} "
+                                 f"between draws to be replayed")
+            buf.copy_(new)
+        elif new != buf:
+            raise ValueError(f"non-tensor input {key!r} changed between draws ({buf!r} -> {new!r}); "
+                             f"a captured graph cannot see it")
+
+
+def _alloc_count() -> int:
+    import torch  # noqa: PLC0415
+
+    return int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
+
+
+def _capture(fn, static_in, static_out, warmup: int):
+    """(graph or None, error message or None, allocations during capture, side stream)."""
+    import torch  # noqa: PLC0415
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn(static_in, static_out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = _alloc_count()
+    error: Optional[str] = None
+    previous = torch.cuda.get_sync_debug_mode()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            fn(static_in, static_out)
+        except Exception as exc:  # noqa: BLE001 - anything raised in capture is the candidate's failure
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            try:
+                graph.capture_end()
+            except Exception as exc:  # noqa: BLE001
+                error = error or f"{type(exc).__name__}: {exc}"
+    allocations = _alloc_count() - before
+    torch.cuda.synchronize()
+    return (None if error else graph), error, allocations
+
+
+def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, device: str) -> tuple[float, list[str]]:
+    fresh = case.make_inputs(seed, device)
+    copy_into_static(static_in, fresh)
+    for buf in static_out.values():
+        poison_(buf)
+    graph.replay()
+    eager = dict(case.make_outputs(fresh))
+    for buf in eager.values():
+        poison_(buf)
+    fn(fresh, eager)
+    problems: list[str] = []
+    worst = 0.0
+    import torch  # noqa: PLC0415
+
+    for key, ref in eager.items():
+        if key not in static_out:
+            raise ValueError(f"make_outputs gave {key!r} for a fresh draw but not for the static one")
+        unwritten = int(poisoned_mask(ref).sum())
+        if unwritten or not bool(torch.isfinite(ref.to(torch.float64)).all()):
+            problems.append(f"{key}: the eager call itself left {unwritten} elements unwritten or wrote NaN/Inf")
+            worst = math.nan
+            continue
+        cmp = compare(key, static_out[key], ref)
+        problems.extend(f"replay {p}" for p in cmp.problems)
+        worst = cmp.rel_l2 if math.isnan(cmp.rel_l2) or math.isnan(worst) else max(worst, cmp.rel_l2)
+    return worst, problems
+
+
+def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, timer: Optional[Timer]) -> CaseReport:
+    report = CaseReport(name=case.name)
+    seed = ctx.fresh_seed()
+    report.seeds.append(seed)
+    static_in = case.make_inputs(seed, ctx.device)
+    static_out = dict(case.make_outputs(static_in))
+    graph, error, report.allocations = _capture(fn, static_in, static_out, spec.warmup)
+    if error is not None:
+        report.capture_error = error
+        report.host_sync = looks_like_sync(error)
+        report.worst_rel_l2 = math.nan
+        return report
+    for _ in range(spec.replays):
+        seed = ctx.fresh_seed()
+        report.seeds.append(seed)
+        err, problems = _replay_once(case, fn, graph, static_in, static_out, seed, ctx.device)
+        report.replays += 1
+        report.problems.extend(f"seed {seed}: {p}" for p in problems)
+        report.worst_rel_l2 = err if math.isnan(err) or math.isnan(report.worst_rel_l2) else max(report.worst_rel_l2, err)
+    if spec.min_replay_speedup is not None:
+        t = timer or cuda_event_timer()
+        tr, te = interleaved(lambda i: graph.replay(), lambda i: fn(static_in, static_out),
+                             warmup=spec.warmup, repeats=spec.repeats, timer=t)
+        report.replay_s, report.eager_s = Spread.of(tr), Spread.of(te)
+    return report
+
+
+def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: Any) -> GateResult:
+    """The gate's result from per-case reports (no GPU needed).
+
+    Figures: ``worst_rel_l2`` (key, replay vs eager, ``<= spec.max_rel_l2``), ``capture_failures``
+    and ``allocations_in_capture`` (both must be 0), ``replays_compared`` (every case's replays),
+    and with ``spec.min_replay_speedup`` the median ``replay_speedup`` over cases.
+    """
+    if not reports:
+        return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR,
+                          summary="no graph cases were given: measured nothing")
+    rels = [r.worst_rel_l2 for r in reports]
+    worst = math.nan if any(math.isnan(x) for x in rels) else max(rels)
+    failures = [r for r in reports if r.capture_error]
+    figures = [
+        Figure(name="worst_rel_l2", value=worst, op="<=", threshold=spec.max_rel_l2, key=True),
+        Figure(name="capture_failures", value=len(failures), op="<=", threshold=0),
+        Figure(name="host_syncs_in_capture", value=sum(r.host_sync for r in reports)),
+        Figure(name="allocations_in_capture", value=sum(r.allocations for r in reports), op="<=", threshold=0),
+        Figure(name="replays_compared", value=sum(r.replays for r in reports), op=">=",
+               threshold=spec.replays * len(reports)),
+    ]
+    if spec.min_replay_speedup is not None:
+        speedups = [r.speedup for r in reports if r.speedup is not None]
+        figures.append(Figure(name="replay_speedup", value=statistics.median(speedups) if speedups else math.nan,
+                              unit="x", op=">=", threshold=spec.min_replay_speedup))
+    messages = []
+    for r in reports:
+        if r.capture_error:
+            what = "host sync during capture" if r.host_sync else "capture failed"
+            messages.append(f"{r.name}: {what}: {r.capture_error[:300]}")
+        if r.allocations:
+            messages.append(f"{r.name}: {r.allocations} allocations during capture")
+        messages.extend(f"{r.name}: {p}" for p in r.problems[:2])
+    result = verdict(spec.name, spec.kind, figures, "; ".join(messages[:4]),
+                     cases=[r.as_row() for r in reports], **details)
+    if messages and result.outcome is Outcome.PASSED:
+        result.outcome = Outcome.FAILED
+    return result
+
+
+def check_graph_safety(spec: GraphSafetyGateSpec, cases: Iterable[GraphCase],
+                       fn: Callable[[dict[str, Any], dict[str, Any]], None], ctx: GateContext, *,
+                       timer: Optional[Timer] = None) -> GateResult:
+    """Capture, replay and compare every case (see the module docstring). Needs CUDA."""
+    cases = list(cases)
+    reports = []
+    for i, case in enumerate(cases):
+        ctx.progress(f"graph {case.name}", i / max(len(cases), 1))
+        reports.append(_run_case(spec, case, fn, ctx, timer))
+    label = timer_label(timer) if timer else "cuda_event"
+    return summarize(spec, reports, timer=label, replays_per_case=spec.replays)

@@ -1,0 +1,183 @@
+"""Speedup gate: candidate vs baseline, same process, outputs agreeing, timed interleaved.
+
+Protocol:
+
+- a config is a `SpeedConfig`: ``make_inputs(seed, device)`` returns one input set or a list of
+  them (timing rotates among the sets round by round, so caches do not flatter a call that
+  re-reads what the previous call left warm). A config may set ``skip_baseline`` with a
+  ``skip_reason`` (say the baseline is estimated above 2 s): it is reported, left out of the
+  speedup figures, and still counted for the roofline;
+- ``candidate(inputs)`` and ``baseline(inputs)`` compute and return their outputs (a tensor or a
+  dict / list / tuple of tensors);
+- ``agree(candidate_out, baseline_out) -> float`` is the disagreement held against
+  ``spec.agree_max_rel_l2`` (default: worst rel-L2 over the output tensors, NaN/Inf = infinite);
+- ``timer(fn) -> seconds`` times one call (default `kdtree.gates.timing.default_timer`: CUDA
+  events on a CUDA device, perf_counter otherwise);
+- ``floor_s(config) -> seconds | None`` is the roofline floor of the config.
+
+Per config: agreement on every input set first (a config that disagrees is failed and its time
+does not count), then ``spec.warmup`` calls of each, then ``spec.repeats`` timed calls of each
+interleaved ``c, b, c, b, ...``. A roofline fraction (floor / candidate median) above
+``spec.max_roofline`` is an impossible measurement: the gate's outcome is ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
+from kdtree.gates.spec import SpeedupGateSpec
+from kdtree.gates.tensors import clone_tensors, flatten_tensors
+from kdtree.gates.timing import (  # noqa: F401 - re-exported: the timers belong to this gate's API
+    Spread, Timer, cuda_event_timer, default_timer, interleaved, perf_counter_timer, timer_label,
+)
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """A named input factory for one timed configuration."""
+
+    name: str
+    make_inputs: Callable[[int, str], Any]
+    skip_baseline: bool = False
+    skip_reason: str = ""
+    params: dict[str, Any] = field(default_factory=dict)  # what the config is, for the report
+
+
+def rel_l2_disagreement(candidate_out: Any, baseline_out: Any) -> float:
+    """Worst ``||c - b|| / ||b||`` over paired output tensors (float64); NaN/Inf gives inf."""
+    import torch  # noqa: PLC0415
+
+    cs, bs = flatten_tensors(candidate_out), flatten_tensors(baseline_out)
+    if not cs or len(cs) != len(bs):
+        raise ValueError(f"candidate returned {len(cs)} tensors and baseline {len(bs)}: cannot compare")
+    worst = 0.0
+    for c, b in zip(cs, bs):
+        if tuple(c.shape) != tuple(b.shape):
+            return math.inf
+        c64, b64 = c.detach().to(torch.float64), b.detach().to(device=c.device, dtype=torch.float64)
+        if not (bool(torch.isfinite(c64).all()) and bool(torch.isfinite(b64).all())):
+            return math.inf
+        num, den = float(torch.linalg.vector_norm(c64 - b64)), float(torch.linalg.vector_norm(b64))
+        err = (0.0 if num == 0 else math.inf) if den == 0 else num / den
+        worst = max(worst, err)
+    return worst
+
+
+def _input_sets(made: Any) -> list[Any]:
+    sets = list(made) if isinstance(made, list) else [made]
+    if not sets:
+        raise ValueError("make_inputs returned an empty list of input sets")
+    return sets
+
+
+def _time_config(spec: SpeedupGateSpec, cfg: SpeedConfig, candidate, baseline, ctx: GateContext,
+                 timer: Timer, agree, floor_s) -> dict[str, Any]:
+    seed = ctx.fresh_seed()
+    sets = _input_sets(cfg.make_inputs(seed, ctx.device))
+    row: dict[str, Any] = {"config": cfg.name, "params": cfg.params, "seed": seed, "input_sets": len(sets),
+                           "status": "ok", "agree_rel_l2": None, "speedup": None, "roofline": None}
+    with_baseline = not cfg.skip_baseline
+    if with_baseline:
+        worst = 0.0
+        for inputs in sets:
+            # clone first: a baseline writing into the same buffer must not make them agree trivially
+            cand_out = clone_tensors(candidate(inputs))
+            err = float(agree(cand_out, baseline(inputs)))
+            worst = err if math.isnan(err) else max(worst, err)
+        row["agree_rel_l2"] = None if math.isnan(worst) or math.isinf(worst) else worst
+        if not worst <= spec.agree_max_rel_l2:
+            row["status"] = "disagree"
+            row["message"] = (f"{cfg.name}: candidate and baseline disagree (rel-L2 {worst:.3g} > "
+                              f"{spec.agree_max_rel_l2:g}); its time does not count")
+            return row
+    else:
+        row["status"] = "baseline skipped"
+        row["message"] = f"{cfg.name}: baseline not run ({cfg.skip_reason or 'no reason given'})"
+    tc, tb = interleaved(lambda i: candidate(sets[i % len(sets)]),
+                         (lambda i: baseline(sets[i % len(sets)])) if with_baseline else None,
+                         warmup=spec.warmup, repeats=spec.repeats, timer=timer)
+    cand = Spread.of(tc)
+    row["candidate"] = cand.ms()
+    if with_baseline:
+        base = Spread.of(tb)
+        row["baseline"] = base.ms()
+        row["speedup"] = base.median / cand.median if cand.median > 0 else math.inf
+    floor = floor_s(cfg) if floor_s is not None else None
+    if floor is not None:
+        row["floor_ms"] = floor * 1e3
+        row["roofline"] = floor / cand.median if cand.median > 0 else math.inf
+        if row["roofline"] > spec.max_roofline:
+            row["status"] = "impossible"
+            row["message"] = (f"{cfg.name}: measurement impossible: candidate median "
+                              f"{cand.median * 1e3:.4g} ms is {row['roofline']:.3g}x its floor "
+                              f"{floor * 1e3:.4g} ms (> {spec.max_roofline:g}); check the timer")
+    return row
+
+
+def _agg(values: list[float], fn) -> float:
+    return fn(values) if values else math.nan
+
+
+def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candidate: Callable[[Any], Any],
+                  baseline: Callable[[Any], Any], ctx: GateContext, *, timer: Optional[Timer] = None,
+                  agree: Optional[Callable[[Any, Any], float]] = None,
+                  floor_s: Optional[Callable[[SpeedConfig], Optional[float]]] = None) -> GateResult:
+    """Time every config (see the module docstring) and hold the speedups against the spec.
+
+    Figures: ``median_speedup`` (key, ``>= spec.min_median_speedup``), ``min_speedup``
+    (``>= spec.min_each_speedup``), ``disagreeing_configs`` (must be 0), ``configs_timed``, and
+    when the spec sets them ``median_roofline`` / ``min_roofline``. Details: ``configs`` (one row
+    per config: candidate and baseline median/min/max ms, speedup, roofline, status), ``timer``.
+    """
+    configs = list(configs)
+    if not configs:
+        return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR,
+                          summary="no speedup configs were given: measured nothing")
+    wants_roofline = spec.min_roofline_median is not None or spec.min_roofline_each is not None
+    if wants_roofline and floor_s is None:
+        raise ValueError("the spec holds roofline fractions but no floor_s was given")
+    timer = timer or default_timer(ctx.device)
+    agree = agree or rel_l2_disagreement
+    rows = []
+    for i, cfg in enumerate(configs):
+        ctx.progress(f"speedup {cfg.name}", i / len(configs))
+        rows.append(_time_config(spec, cfg, candidate, baseline, ctx, timer, agree, floor_s))
+
+    counted = [r for r in rows if r["status"] in ("ok", "impossible")]
+    speedups = [r["speedup"] for r in counted if r["speedup"] is not None]
+    rooflines = [r["roofline"] for r in rows if r["status"] in ("ok", "baseline skipped", "impossible")
+                 and r["roofline"] is not None]
+    disagree = [r for r in rows if r["status"] == "disagree"]
+    impossible = [r for r in rows if r["status"] == "impossible"]
+    figures = [
+        Figure(name="median_speedup", value=_agg(speedups, statistics.median), unit="x", op=">=",
+               threshold=spec.min_median_speedup, key=True),
+        Figure(name="min_speedup", value=_agg(speedups, min), unit="x", op=">=", threshold=spec.min_each_speedup),
+        Figure(name="disagreeing_configs", value=len(disagree), op="<=", threshold=0),
+        Figure(name="configs_timed", value=len(speedups)),
+    ]
+    if rooflines or wants_roofline:
+        figures.append(Figure(name="median_roofline", value=_agg(rooflines, statistics.median),
+                              op=">=" if spec.min_roofline_median else None,
+                              threshold=spec.min_roofline_median))
+        figures.append(Figure(name="min_roofline", value=_agg(rooflines, min),
+                              op=">=" if spec.min_roofline_each else None, threshold=spec.min_roofline_each))
+        figures.append(Figure(name="max_roofline", value=_agg(rooflines, max), op="<=",
+                              threshold=spec.max_roofline))
+    messages = [r["message"] for r in impossible + disagree + [r for r in rows if r["status"] == "baseline skipped"]]
+    details = {"configs": rows, "timer": timer_label(timer), "warmup": spec.warmup, "repeats": spec.repeats,
+               "baseline": spec.baseline}
+    if impossible:
+        return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR, figures=figures,
+                          summary="; ".join(messages[:3]), details=details)
+    summary = "; ".join(messages[:3])
+    if speedups:
+        summary = (f"median speedup {statistics.median(speedups):.3g}x over {len(speedups)} configs "
+                   f"(min {min(speedups):.3g}x) vs {spec.baseline}") + ("; " + summary if summary else "")
+    else:
+        summary = "no config was timed against the baseline" + ("; " + summary if summary else "")
+    return verdict(spec.name, spec.kind, figures, summary, **details)
