@@ -1,0 +1,48 @@
+// Host-side launch of the tree-verify kernels. No allocation, no synchronisation: the caller's
+// stream, the caller's buffers, so the launch can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include "tree_verify_mla.cuh"
+#include "tree_verify_mla_launch.h"
+
+namespace kdtree {
+namespace {
+
+template <int MT>
+cudaError_t launch_mt(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
+  constexpr int smem = SmemLayout<MT>::total;
+  static bool configured[64] = {false};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && !configured[dev]) {
+    err = cudaFuncSetAttribute(tree_verify_mla_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
+  dim3 grid(p.num_splits, grid_y, p.batch);
+  tree_verify_mla_kernel<MT><<<grid, kThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  combine_splits_kernel<<<static_cast<unsigned>(p.total_rows), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream) {
+  if (p.total_rows <= 0 || p.batch <= 0 || grid_y <= 0 || p.num_splits <= 0) return cudaErrorInvalidValue;
+  if (grid_y > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
+  switch (m_tiles) {
+    case 1:
+      return launch_mt<1>(p, grid_y, stream);
+    case 2:
+      return launch_mt<2>(p, grid_y, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+int shared_bytes(int m_tiles) { return m_tiles == 1 ? SmemLayout<1>::total : SmemLayout<2>::total; }
+
+}  // namespace kdtree

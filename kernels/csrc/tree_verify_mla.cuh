@@ -1,0 +1,350 @@
+// MLA tree-verify attention: the kernel, on raw pointers (no torch, no pybind11).
+//
+// One CTA owns BM = 16*MT query rows of one request (rows = tree node x head, contiguous in q)
+// and one split of the request's KV list. KV tiles of BN = 32 latent rows (576 bf16 each) are
+// gathered by slot id with cp.async into a two-stage shared-memory ring, and each tile serves
+// every row of the CTA: the latent is read once per row block, never once per head.
+//
+// Per tile, 8 warps:
+//   QK   warp (ks, kh) multiplies its 32 query rows, dims [144 ks, 144 ks + 144), held in
+//        registers for the whole kernel, with keys [16 kh, 16 kh + 16); the four dim slices'
+//        partial scores meet in shared memory (sRed).
+//   soft every row is owned by 256/BM threads: sum the partials, scale, apply the prefix /
+//        tree-bit mask, online softmax (running max and sum in registers), P as bf16 -> sP.
+//   PV   warp w accumulates O[:, 64 w : 64 w + 64] += P V with V = the tile's first 512 dims,
+//        read transposed from the same shared-memory tile.
+// With one split the CTA writes bf16 out (and lse); with several it writes fp32 partials and a
+// second pass (combine_splits) merges them by their log-sum-exp.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include "mma_sm80.cuh"
+#include "tree_verify_mla_launch.h"
+
+namespace kdtree {
+
+constexpr int kHeadDim = 576;
+constexpr int kValueDim = 512;
+constexpr int kBlockN = 32;
+constexpr int kThreads = 256;
+constexpr int kKRow = kHeadDim + 8;  // padded smem row (1168 B): conflict-free ldmatrix
+constexpr int kRedStride = 40;       // floats per sRed row
+constexpr int kPStride = 40;         // bf16 per sP row (80 B)
+constexpr int kDimSlices = 4;        // QK k-split
+constexpr int kStepsPerSlice = kHeadDim / 16 / kDimSlices;  // 9
+constexpr int kChunksPerRow = kHeadDim / 8;                 // 72 x 16 B
+constexpr int kChunksPerThread = kBlockN * kChunksPerRow / kThreads;  // 9
+static_assert(kBlockN * kChunksPerRow % kThreads == 0, "tile load must split evenly");
+
+template <int MT>
+struct SmemLayout {
+  static constexpr int BM = 16 * MT;
+  static constexpr int k_bytes = 2 * kBlockN * kKRow * 2;
+  static constexpr int red_bytes = kDimSlices * BM * kRedStride * 4;
+  static constexpr int p_bytes = BM * kPStride * 2;
+  static constexpr int stats_bytes = 3 * BM * 4;
+  static constexpr int total = k_bytes + red_bytes + p_bytes + stats_bytes;
+};
+static_assert(SmemLayout<2>::total <= 101376, "must fit sm_120's per-block shared memory");
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const TreeVerifyParams p) {
+  constexpr int BM = 16 * MT;
+  constexpr int TPR = kThreads / BM;  // threads per row in the softmax phase
+  constexpr int KPT = kBlockN / TPR;  // keys per thread in the softmax phase
+  using L = SmemLayout<MT>;
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);
+  float* sRed = reinterpret_cast<float*>(smem + L::k_bytes);
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + L::k_bytes + L::red_bytes);
+  float* sAlpha = reinterpret_cast<float*>(smem + L::k_bytes + L::red_bytes + L::p_bytes);
+  float* sL = sAlpha + BM;
+  float* sM = sL + BM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
+
+  const int qo0 = p.qo_indptr[b];
+  const int T = p.qo_indptr[b + 1] - qo0;
+  const int rows = T * p.num_heads;
+  const int row0 = rb * BM;
+  if (T <= 0 || row0 >= rows) return;
+  const int kv0 = p.kv_indptr[b];
+  const int N = p.kv_indptr[b + 1] - kv0;
+  const int Lp = N - T;  // prefix length
+  if (Lp < 0) return;
+  int chunk = (N + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  const int kbeg = split * chunk;
+  const int kend = min(N, kbeg + chunk);
+  const int64_t grow0 = static_cast<int64_t>(qo0) * p.num_heads + row0;
+
+  if (kbeg >= kend) {  // an empty split: its partial has no mass
+    if (tid < BM && row0 + tid < rows) p.ws_lse[split * p.total_rows + grow0 + tid] = -CUDART_INF_F;
+    return;
+  }
+
+  // ---- query fragments for this warp's dim slice, for the whole kernel ----
+  const int ks = warp & 3, kh = warp >> 2;
+  uint32_t qf[MT][kStepsPerSlice][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int ra = row0 + mt * 16 + g, rb8 = ra + 8;
+    const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (grow0 + mt * 16 + g) * kHeadDim);
+    const uint32_t* qb = qa + 8 * kHeadDim / 2;
+#pragma unroll
+    for (int kk = 0; kk < kStepsPerSlice; ++kk) {
+      const int d = (ks * kStepsPerSlice + kk) * 16 + 2 * t4;
+      qf[mt][kk][0] = ra < rows ? __ldg(qa + d / 2) : 0u;
+      qf[mt][kk][1] = rb8 < rows ? __ldg(qb + d / 2) : 0u;
+      qf[mt][kk][2] = ra < rows ? __ldg(qa + d / 2 + 4) : 0u;
+      qf[mt][kk][3] = rb8 < rows ? __ldg(qb + d / 2 + 4) : 0u;
+    }
+  }
+
+  // ---- softmax-phase ownership: row sr, keys [sc * KPT, sc * KPT + KPT) ----
+  const int sr = tid / TPR, sc = tid % TPR;
+  const bool srow_valid = row0 + sr < rows;
+  const int snode = (row0 + sr) / p.num_heads;
+  const int32_t* mask_row = p.tree_mask + static_cast<int64_t>(qo0 + min(snode, T - 1)) * p.mask_words;
+  float m_run = -CUDART_INF_F, l_run = 0.f;
+
+  // ---- tile loader: slot ids are fetched one tile ahead of the copy that needs them ----
+  const int32_t* idx = p.kv_indices + kv0;
+  int slot_next[kChunksPerThread];
+  auto fetch_slots = [&](int tile_base) {
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int key = (tid + i * kThreads) / kChunksPerRow;
+      const int j = tile_base + key;
+      slot_next[i] = j < kend ? __ldg(idx + j) : -1;
+    }
+  };
+  auto issue_tile = [&](int buf) {
+    __nv_bfloat16* dst = sK + buf * kBlockN * kKRow;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int c = tid + i * kThreads;
+      const int key = c / kChunksPerRow, seg = c % kChunksPerRow;
+      const int s = slot_next[i];
+      const __nv_bfloat16* src = s >= 0 ? p.kv + static_cast<int64_t>(s) * kHeadDim + seg * 8 : p.kv;
+      cp_async_16(dst + key * kKRow + seg * 8, src, s >= 0 ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  float acc[MT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+
+  const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
+  fetch_slots(kbeg);
+  issue_tile(0);
+  if (num_tiles > 1) fetch_slots(kbeg + kBlockN);
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int buf = it & 1;
+    const int tile_base = kbeg + it * kBlockN;
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` landed; everyone is done with tile it-1 (buffer buf^1, sP, sRed)
+    if (it + 1 < num_tiles) {
+      issue_tile(buf ^ 1);
+      if (it + 2 < num_tiles) fetch_slots(tile_base + 2 * kBlockN);
+    }
+    const __nv_bfloat16* tK = sK + buf * kBlockN * kKRow;
+
+    // ---- QK: partial scores over this warp's dim slice ----
+    {
+      float sacc[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sacc[mt][nt][e] = 0.f;
+      const int mi = lane >> 3;
+      const __nv_bfloat16* kbase =
+          tK + (kh * 16 + (mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < kStepsPerSlice; ++kk) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, kbase + kk * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16_16816(sacc[mt][0], qf[mt][kk], bf[0], bf[1]);
+          mma_bf16_16816(sacc[mt][1], qf[mt][kk], bf[2], bf[3]);
+        }
+      }
+      float* red = sRed + ks * BM * kRedStride;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int col = kh * 16 + nt * 8 + 2 * t4;
+          const int r = mt * 16 + g;
+          *reinterpret_cast<float2*>(red + r * kRedStride + col) = make_float2(sacc[mt][nt][0], sacc[mt][nt][1]);
+          *reinterpret_cast<float2*>(red + (r + 8) * kRedStride + col) =
+              make_float2(sacc[mt][nt][2], sacc[mt][nt][3]);
+        }
+    }
+    __syncthreads();
+
+    // ---- softmax over the tile: mask, running max / sum, P in bf16 ----
+    {
+      float s[KPT];
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) s[k] = 0.f;
+#pragma unroll
+      for (int sl = 0; sl < kDimSlices; ++sl) {
+        const float* src = sRed + sl * BM * kRedStride + sr * kRedStride + sc * KPT;
+#pragma unroll
+        for (int k = 0; k < KPT; ++k) s[k] += src[k];
+      }
+      float tmax = -CUDART_INF_F;
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        const int j = tile_base + sc * KPT + k;
+        bool vis = srow_valid && j < kend;
+        if (vis && j >= Lp) {
+          const int tj = j - Lp;
+          vis = (__ldg(mask_row + (tj >> 5)) >> (tj & 31)) & 1;
+        }
+        s[k] = vis ? s[k] * p.scale_log2 : -CUDART_INF_F;
+        tmax = fmaxf(tmax, s[k]);
+      }
+#pragma unroll
+      for (int off = TPR / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      const float m_new = fmaxf(m_run, tmax);
+      const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;
+      const float alpha = exp2f(m_run - m_use);
+      float psum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) {
+        s[k] = exp2f(s[k] - m_use);
+        psum += s[k];
+      }
+#pragma unroll
+      for (int off = TPR / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      __nv_bfloat16* pdst = sP + sr * kPStride + sc * KPT;
+#pragma unroll
+      for (int k = 0; k < KPT; k += 2) *reinterpret_cast<uint32_t*>(pdst + k) = pack_bf16x2(s[k], s[k + 1]);
+      if (sc == 0) sAlpha[sr] = alpha;
+    }
+    __syncthreads();
+
+    // ---- PV: O[:, 64 w : 64 w + 64] = alpha * O + P V ----
+    {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const float a0 = sAlpha[mt * 16 + g], a1 = sAlpha[mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          acc[mt][nt][0] *= a0;
+          acc[mt][nt][1] *= a0;
+          acc[mt][nt][2] *= a1;
+          acc[mt][nt][3] *= a1;
+        }
+      }
+      const int mi = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          ldmatrix_x4(pa[mt], sP + (mt * 16 + (mi & 1) * 8 + (lane & 7)) * kPStride + kk * 16 + (mi >> 1) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + warp * 64 + np * 16 + (mi >> 1) * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(acc[mt][2 * np], pa[mt], vb[0], vb[1]);
+            mma_bf16_16816(acc[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: normalise, write out (+ lse) or this split's partial ----
+  if (sc == 0) {
+    sL[sr] = l_run;
+    sM[sr] = m_run;
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + g + half * 8;
+      if (row0 + r >= rows) continue;
+      const float l = sL[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t grow = grow0 + r;
+      if (p.num_splits == 1) {
+        __nv_bfloat16* o = p.out + grow * kValueDim + warp * 64 + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<uint32_t*>(o + nt * 8) =
+              pack_bf16x2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
+      } else {
+        float* o = p.ws_o + (split * p.total_rows + grow) * kValueDim + warp * 64 + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(o + nt * 8) =
+              make_float2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
+      }
+      if (warp == 0 && t4 == 0) {
+        const float lse = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
+        if (p.num_splits == 1) {
+          if (p.lse) p.lse[grow] = lse;
+        } else {
+          p.ws_lse[split * p.total_rows + grow] = lse;
+        }
+      }
+    }
+  }
+}
+
+// Merge the splits' normalised partials by their log-sum-exp: one CTA of 128 threads per row,
+// four value dims per thread.
+__global__ void __launch_bounds__(128) combine_splits_kernel(const TreeVerifyParams p) {
+  const int64_t row = blockIdx.x;
+  if (row >= p.total_rows) return;
+  const int d = threadIdx.x * 4;
+  float mx = -CUDART_INF_F;
+  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.ws_lse[s * p.total_rows + row]);
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float ls = p.ws_lse[s * p.total_rows + row];
+    if (ls == -CUDART_INF_F) continue;
+    const float w = __expf(ls - mx);
+    const float4 v = *reinterpret_cast<const float4*>(p.ws_o + (s * p.total_rows + row) * kValueDim + d);
+    o.x += w * v.x;
+    o.y += w * v.y;
+    o.z += w * v.z;
+    o.w += w * v.w;
+    wsum += w;
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  uint2 packed;
+  packed.x = pack_bf16x2(o.x * inv, o.y * inv);
+  packed.y = pack_bf16x2(o.z * inv, o.w * inv);
+  *reinterpret_cast<uint2*>(p.out + row * kValueDim + d) = packed;
+  if (threadIdx.x == 0 && p.lse) p.lse[row] = wsum > 0.f ? mx + __logf(wsum) : -CUDART_INF_F;
+}
+
+}  // namespace kdtree

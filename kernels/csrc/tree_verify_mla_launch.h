@@ -1,0 +1,37 @@
+// The kernel's parameters and the launcher's declaration: host-safe (no device code), shared by
+// the CUDA translation unit and the pybind11 bindings.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace kdtree {
+
+struct TreeVerifyParams {
+  const __nv_bfloat16* q;     // [Nq, H, 576]
+  const __nv_bfloat16* kv;    // [S, 576]
+  const int32_t* qo_indptr;   // [B + 1]
+  const int32_t* kv_indptr;   // [B + 1]
+  const int32_t* kv_indices;  // [sum(L_b + T_b)]
+  const int32_t* tree_mask;   // [Nq, W]
+  __nv_bfloat16* out;         // [Nq, H, 512]
+  float* lse;                 // [Nq, H] or nullptr
+  float* ws_o;                // [splits, Nq * H, 512] when splits > 1
+  float* ws_lse;              // [splits, Nq * H] when splits > 1
+  int64_t total_rows;         // Nq * H
+  int num_heads;
+  int batch;
+  int mask_words;
+  int num_splits;
+  float scale_log2;  // sm_scale * log2(e)
+};
+
+// Launch on `stream`: no allocation, no synchronisation. grid_y = row blocks per request (an
+// upper bound from shapes), m_tiles = 16-row tiles per CTA (1 or 2).
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream);
+
+// Dynamic shared memory per block for m_tiles.
+int shared_bytes(int m_tiles);
+
+}  // namespace kdtree

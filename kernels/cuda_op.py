@@ -1,0 +1,119 @@
+"""The owned CUDA kernel behind `kdtree.kernels.tree_verify_mla`: validation, launch plan, call.
+
+The launch plan (how many KV splits, which row tile) is chosen from tensor *shapes* only, so a
+call never synchronises the device and can be captured in a CUDA graph. Split partials go to a
+per-device workspace allocated once, on the first call for that device: warm up before capture.
+Pass `out` (and `lse`) to make a call allocation-free.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kdtree.kernels.contract import LATENT_DIM, validate
+
+BLOCK_N = 32
+WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
+MAX_SPLITS = 1024
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one call is cut up: KV splits per request, rows per CTA (16 * m_tiles), grid rows."""
+
+    num_splits: int
+    m_tiles: int
+    grid_y: int
+
+
+def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
+                sm_count: int) -> LaunchPlan:
+    """Choose splits and tile height from shapes (see module docstring)."""
+    total_rows = num_rows * num_heads
+    rows_per_request = total_rows / batch
+    m_tiles = 1 if rows_per_request <= 16 else 2
+    block_m = 16 * m_tiles
+    max_tree = min(num_rows, 32 * mask_words)
+    grid_y = math.ceil(max_tree * num_heads / block_m)
+    ctas = batch * math.ceil(rows_per_request / block_m)
+    forced = os.environ.get("KDTREE_SPLITS")
+    if forced:
+        splits = int(forced)
+    else:
+        avg_keys = num_kv / batch
+        by_occupancy = math.ceil(sm_count / ctas)
+        by_keys = math.ceil(avg_keys / (4 * BLOCK_N))
+        by_traffic = max(1, int(0.5 * num_kv * 1152 / (total_rows * 4096)))
+        splits = min(by_occupancy, by_keys, by_traffic)
+    splits = max(1, min(splits, MAX_SPLITS, WORKSPACE_ROWS // total_rows or 1))
+    if total_rows > WORKSPACE_ROWS:
+        splits = 1
+    return LaunchPlan(num_splits=splits, m_tiles=m_tiles, grid_y=grid_y)
+
+
+_workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_sm_counts: dict[int, int] = {}
+_extensions: dict[tuple[int, int], object] = {}
+
+
+def _device_facts(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_counts:
+        props = torch.cuda.get_device_properties(index)
+        _sm_counts[index] = props.multi_processor_count
+    return index, _sm_counts[index]
+
+
+def _extension(device_index: int):
+    cap = torch.cuda.get_device_capability(device_index)
+    if cap not in _extensions:
+        if cap < (8, 0):
+            raise RuntimeError(f"the tree-verify kernel needs sm_80 or newer (mma.sync bf16, cp.async); "
+                               f"device {device_index} is sm_{cap[0]}{cap[1]}")
+        from kdtree.kernels.jit import load_extension  # noqa: PLC0415
+
+        _extensions[cap] = load_extension([f"sm_{cap[0]}{cap[1]}"])
+    return _extensions[cap]
+
+
+def _workspace(device_index: int, device: torch.device):
+    if device_index not in _workspaces:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("tree_verify_mla: call it once before CUDA-graph capture so that its "
+                               "split workspace exists (it is allocated on the first call per device)")
+        _workspaces[device_index] = (
+            torch.empty(WORKSPACE_ROWS, LATENT_DIM, dtype=torch.float32, device=device),
+            torch.empty(WORKSPACE_ROWS, dtype=torch.float32, device=device),
+        )
+    return _workspaces[device_index]
+
+
+def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
+                         kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor,
+                         sm_scale: float, *, out: Optional[torch.Tensor] = None,
+                         lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """MLA tree-verify attention with the owned CUDA kernel (the op contract, bf16)."""
+    problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse)
+    if q.device.type != "cuda":
+        raise ValueError(f"q: the CUDA kernel needs CUDA tensors, got a tensor on {q.device} "
+                         "(use kdtree.kernels.reference or .naive on the CPU)")
+    index, sm_count = _device_facts(q.device)
+    with torch.cuda.device(index):
+        ext = _extension(index)
+        if out is None:
+            out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
+        plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
+                           kv_indices.numel(), sm_count)
+        ws_o, ws_lse = _workspace(index, q.device)
+        ext.run(q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+                kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
+                lse.data_ptr() if lse is not None else 0, ws_o.data_ptr(), ws_lse.data_ptr(),
+                problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
+                plan.num_splits, plan.grid_y, plan.m_tiles, float(sm_scale),
+                torch.cuda.current_stream(q.device).cuda_stream)
+    return out
