@@ -1,0 +1,216 @@
+"""Speedup gate arithmetic and rules, with a deterministic fake timer (speed is never asserted)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kdtree.gates.base import GateContext, Outcome, run_check
+from kdtree.gates.spec import SpeedupGateSpec
+from kdtree.gates.speedup import SpeedConfig, check_speedup, perf_counter_timer, rel_l2_disagreement
+
+SPEC = SpeedupGateSpec(name="toy-speed", baseline="toy-baseline", min_median_speedup=2.0, min_each_speedup=1.5,
+                       warmup=2, repeats=5)
+
+
+class Bench:
+    """Candidate and baseline that log every call; a fake timer that returns scripted seconds."""
+
+    def __init__(self, cand_times=(1.0,), base_times=(3.0,), cand_scale=1.0):
+        self.calls: list[tuple[str, int, bool]] = []
+        self._timing = False
+        self.cand_times = {}
+        self.base_times = {}
+        self._default = (cand_times, base_times)
+        self.cand_scale = cand_scale
+
+    def _iters(self, cfg):
+        if cfg not in self.cand_times:
+            self.cand_times[cfg] = itertools.cycle(self._default[0])
+            self.base_times[cfg] = itertools.cycle(self._default[1])
+        return self.cand_times[cfg], self.base_times[cfg]
+
+    def candidate(self, inputs):
+        self.calls.append(("c", inputs["set"], self._timing))
+        return inputs["x"] * 2 * self.cand_scale
+
+    def baseline(self, inputs):
+        self.calls.append(("b", inputs["set"], self._timing))
+        return inputs["x"] * 2
+
+    def timer(self, fn):
+        self._timing = True
+        fn()
+        self._timing = False
+        who = self.calls[-1][0]
+        cand, base = self._iters(self.calls[-1][1] // 100)
+        return next(cand if who == "c" else base)
+
+
+def config(name, sets=1, cfg_id=0, **kw):
+    def make_inputs(seed, device):
+        g = torch.Generator().manual_seed(seed)
+        made = [{"set": cfg_id * 100 + i, "x": torch.randn(8, generator=g)} for i in range(sets)]
+        return made if sets > 1 else made[0]
+
+    return SpeedConfig(name=name, make_inputs=make_inputs, **kw)
+
+
+def fig(result, name):
+    return next(f for f in result.figures if f.name == name)
+
+
+def test_median_min_max_and_speedup_arithmetic():
+    b = Bench(cand_times=(1e-3, 3e-3, 2e-3), base_times=(4e-3, 8e-3, 6e-3))
+    r = check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.PASSED, r.summary
+    (row,) = r.details["configs"]
+    # five timed calls each: c = 1,3,2,1,3 ms; b = 4,8,6,4,8 ms
+    assert row["candidate"] == pytest.approx({"median_ms": 2.0, "min_ms": 1.0, "max_ms": 3.0})
+    assert row["baseline"] == pytest.approx({"median_ms": 6.0, "min_ms": 4.0, "max_ms": 8.0})
+    assert row["speedup"] == pytest.approx(3.0)
+    assert fig(r, "median_speedup").value == pytest.approx(3.0) and fig(r, "median_speedup").key
+
+
+def test_calls_are_interleaved_after_agreement_and_warmup_and_rotate_input_sets():
+    b = Bench()
+    check_speedup(SPEC, [config("a", sets=2)], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    agreement = [("c", 0, False), ("b", 0, False), ("c", 1, False), ("b", 1, False)]
+    warmup = [("c", 0, False), ("b", 0, False), ("c", 1, False), ("b", 1, False)]
+    timed = [(w, i % 2, True) for i in range(5) for w in ("c", "b")]
+    assert b.calls == agreement + warmup + timed
+
+
+def test_median_and_min_over_configs():
+    b = Bench()
+    b.cand_times = {0: itertools.cycle([1.0]), 1: itertools.cycle([1.0]), 2: itertools.cycle([1.0])}
+    b.base_times = {0: itertools.cycle([3.0]), 1: itertools.cycle([5.0]), 2: itertools.cycle([1.6])}
+    cfgs = [config(f"c{i}", cfg_id=i) for i in range(3)]
+    r = check_speedup(SPEC, cfgs, b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert fig(r, "median_speedup").value == pytest.approx(3.0)
+    assert fig(r, "min_speedup").value == pytest.approx(1.6)
+    assert r.outcome is Outcome.PASSED
+    b.base_times[2] = itertools.cycle([1.2])
+    b.cand_times = {k: itertools.cycle([1.0]) for k in range(3)}
+    b.base_times[0], b.base_times[1] = itertools.cycle([3.0]), itertools.cycle([5.0])
+    r = check_speedup(SPEC, cfgs, b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED and not fig(r, "min_speedup").ok
+
+
+def test_a_faster_candidate_that_disagrees_fails_and_its_time_does_not_count():
+    b = Bench(cand_times=(1e-6,), base_times=(1.0,), cand_scale=1.1)
+    r = check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED
+    assert fig(r, "disagreeing_configs").value == 1
+    assert fig(r, "median_speedup").value is None
+    assert "disagree" in r.summary
+    assert not any(timed for _, _, timed in b.calls)  # nothing was timed
+
+
+def test_disagreement_on_one_config_fails_even_if_others_are_fast():
+    b = Bench(cand_times=(1.0,), base_times=(10.0,))
+
+    def cand(inputs):
+        out = b.candidate(inputs)
+        return out + 1 if inputs["set"] >= 100 else out
+
+    r = check_speedup(SPEC, [config("ok"), config("bad", cfg_id=1)], cand, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED
+    assert fig(r, "median_speedup").ok and fig(r, "configs_timed").value == 1
+    assert [row["status"] for row in r.details["configs"]] == ["ok", "disagree"]
+
+
+def test_candidate_sharing_the_baselines_output_buffer_cannot_agree_trivially():
+    shared = torch.zeros(8)
+
+    def cand(inputs):
+        shared.copy_(inputs["x"] * 3)  # wrong
+        return shared
+
+    def base(inputs):
+        shared.copy_(inputs["x"] * 2)
+        return shared
+
+    b = Bench()
+    r = check_speedup(SPEC, [config("a")], cand, base, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED and fig(r, "disagreeing_configs").value == 1
+
+
+def test_roofline_above_the_maximum_is_a_measurement_error():
+    b = Bench(cand_times=(1e-3,), base_times=(5e-3,))
+    r = check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      floor_s=lambda cfg: 2e-3)
+    assert r.outcome is Outcome.ERROR
+    assert "impossible" in r.summary and r.details["configs"][0]["roofline"] == pytest.approx(2.0)
+
+
+def test_roofline_figures_against_the_spec():
+    spec = SPEC.model_copy(update={"min_roofline_median": 0.5, "min_roofline_each": 0.3})
+    b = Bench(cand_times=(1e-3,), base_times=(5e-3,))
+    floors = {"a": 0.6e-3, "b": 0.2e-3}
+    cfgs = [config("a"), config("b")]
+    r = check_speedup(spec, cfgs, b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      floor_s=lambda cfg: floors[cfg.name])
+    assert fig(r, "median_roofline").value == pytest.approx(0.4)
+    assert fig(r, "min_roofline").value == pytest.approx(0.2)
+    assert r.outcome is Outcome.FAILED
+
+
+def test_roofline_spec_without_a_floor_is_an_error():
+    spec = SPEC.model_copy(update={"min_roofline_median": 0.5})
+    b = Bench()
+    r = run_check(spec, lambda s, ctx: check_speedup(s, [config("a")], b.candidate, b.baseline, ctx, timer=b.timer),
+                  GateContext())
+    assert r.outcome is Outcome.ERROR and "floor_s" in r.summary
+
+
+def test_skipped_baseline_is_reported_excluded_from_speedup_and_counted_for_roofline():
+    b = Bench(cand_times=(1e-3,), base_times=(3e-3,))
+    cfgs = [config("small"), config("huge", cfg_id=1, skip_baseline=True, skip_reason="estimated 40 s")]
+    r = check_speedup(SPEC, cfgs, b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      floor_s=lambda cfg: 0.5e-3)
+    assert r.outcome is Outcome.PASSED, r.summary
+    huge = r.details["configs"][1]
+    assert huge["status"] == "baseline skipped" and huge["speedup"] is None and huge["roofline"] == pytest.approx(0.5)
+    assert "estimated 40 s" in r.summary
+    assert fig(r, "configs_timed").value == 1
+    assert all(who == "c" for who, s, _ in b.calls if s >= 100)  # the baseline never ran on it
+
+
+def test_only_skipped_baselines_never_pass():
+    b = Bench()
+    r = check_speedup(SPEC, [config("huge", skip_baseline=True, skip_reason="slow")], b.candidate, b.baseline,
+                      GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED and fig(r, "median_speedup").value is None
+
+
+def test_no_configs_is_an_error():
+    b = Bench()
+    r = check_speedup(SPEC, [], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.ERROR
+
+
+def test_real_timer_runs_and_reports_spread():
+    spec = SPEC.model_copy(update={"min_median_speedup": 1e-9, "min_each_speedup": 1e-9, "repeats": 3,
+                                   "warmup": 1})
+    cfg = config("a")
+    r = check_speedup(spec, [cfg], lambda i: i["x"] * 2, lambda i: (i["x"] + i["x"]), GateContext())
+    assert r.details["timer"] == "perf_counter"
+    row = r.details["configs"][0]
+    assert row["candidate"]["min_ms"] <= row["candidate"]["median_ms"] <= row["candidate"]["max_ms"]
+    assert r.outcome is Outcome.PASSED
+
+
+def test_disagreement_measure():
+    x = torch.ones(4)
+    assert rel_l2_disagreement(x, x) == 0.0
+    assert rel_l2_disagreement({"o": x * 1.1}, {"o": x}) == pytest.approx(0.1)
+    assert rel_l2_disagreement(x * float("nan"), x) == float("inf")
+    with pytest.raises(ValueError):
+        rel_l2_disagreement(None, x)
+
+
+def test_perf_counter_timer_returns_seconds():
+    assert perf_counter_timer(lambda: None) >= 0.0
