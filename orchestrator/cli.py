@@ -1,0 +1,252 @@
+"""``orchestrate``: run a plan's phases through their gates, record runs, render the plan, checkpoint.
+
+Every command works on the git repository holding the current directory (or ``--repo PATH``).
+Exit codes: 0 done / passed; 1 a phase ran and did not pass (failed, error), or ``plan --check``
+found the plan out of date; 3 a phase ran and is incomplete (gates skipped); 2 refused (usage,
+order, stale run, bad spec, ...: the message says what to do); 130 interrupted (nothing recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import click
+
+from kdtree.orchestrator.errors import Refusal, RunInterrupted
+
+EXIT_NOT_PASSED, EXIT_REFUSED, EXIT_INCOMPLETE = 1, 2, 3
+
+
+class Ctx:
+    """The repository and plan a command works on, loaded on first use."""
+
+    def __init__(self, repo: Optional[str]):
+        self.repo_arg = repo
+        self._plan = None
+
+    @property
+    def plan(self):
+        if self._plan is None:
+            from kdtree.orchestrator.plan import load_plan  # noqa: PLC0415
+            from kdtree.orchestrator.repo import resolve_root  # noqa: PLC0415
+
+            root = resolve_root(self.repo_arg)
+            self._plan = load_plan(root.path, root.is_git)
+        return self._plan
+
+    def lock(self):
+        from kdtree.orchestrator.lock import RunLock  # noqa: PLC0415
+
+        return RunLock(self.plan.results_path / ".lock", warn=lambda m: click.echo(m, err=True))
+
+
+class _Group(click.Group):
+    """Turns refusals and interruptions into a message on stderr and their exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (Refusal, RunInterrupted) as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--repo", metavar="PATH", default=None,
+              help="Work on the repository at PATH instead of the one holding the current directory.")
+@click.pass_context
+def cli(ctx: click.Context, repo: Optional[str]) -> None:
+    """Plan-driven phases with gated validation (see `orchestrate COMMAND --help`)."""
+    ctx.obj = Ctx(repo)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the same for machines.")
+@click.pass_obj
+def status(obj: Ctx, as_json: bool) -> None:
+    """The plan's phases in order: state, last run, commit, device and each gate's key figure."""
+    from kdtree.orchestrator.state import plan_status  # noqa: PLC0415
+
+    plan = obj.plan
+    statuses = plan_status(plan)
+    if as_json:
+        from kdtree.orchestrator.views import run_json  # noqa: PLC0415
+
+        click.echo(json.dumps({
+            "plan": plan.spec.id, "repo": str(plan.root), "markdown": plan.spec.markdown,
+            "phases": [{
+                "id": st.phase.id, "title": st.phase.spec.title, "state": st.state.value,
+                "passed_and_fresh": st.passed_and_fresh, "stale_reasons": st.stale_reasons,
+                "spec_hash": st.spec_hash, "inputs_hash": st.inputs_hash,
+                "gates": [g.name for g in st.phase.spec.gates],
+                "last_run": run_json(st.record), "newer_partial_run": run_json(st.partial),
+            } for st in statuses]}, indent=2))
+        return
+    from kdtree.orchestrator.display import print_status  # noqa: PLC0415
+
+    print_status(statuses, plan.spec.id, plan.spec.markdown)
+
+
+def _exit_code_of(state) -> int:
+    from kdtree.orchestrator.specs import PhaseState  # noqa: PLC0415
+
+    return {PhaseState.PASSED: 0, PhaseState.INCOMPLETE: EXIT_INCOMPLETE}.get(state, EXIT_NOT_PASSED)
+
+
+def _render_after_run(plan) -> None:
+    from kdtree.orchestrator.render import write_plan  # noqa: PLC0415
+
+    if not plan.markdown_path.exists():
+        click.echo(f"warning: the plan markdown {plan.spec.markdown} does not exist; not rendered", err=True)
+        return
+    if write_plan(plan):
+        click.echo(f"rendered {plan.spec.markdown}")
+
+
+def _print_checkpoint(res) -> None:
+    if res.plan_changed:
+        click.echo("rendered the plan markdown")
+    for line in res.changelog_lines:
+        click.echo(f"changelog: {line.rstrip()}")
+    if res.nothing_to_commit:
+        click.echo("nothing to commit: the working tree matches HEAD")
+    elif res.commit_sha:
+        click.echo(f"committed {res.commit_sha[:12]}: {res.message.splitlines()[0]}"
+                   + (" (HEAD is detached: the commit is on no branch)" if res.detached else ""))
+        for row in res.files:
+            click.echo(f"  {row}")
+
+
+@cli.command()
+@click.argument("phase", required=False)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the gates run; CUDA gates are skipped (phase incomplete) on cpu.")
+@click.option("--gate", "gates", multiple=True, metavar="NAME",
+              help="Run only this gate (repeatable). The run is recorded as partial and does not decide the phase's state.")
+@click.option("--commit", is_flag=True, help="Make a checkpoint commit after the run.")
+@click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (recorded).")
+@click.pass_obj
+def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool) -> None:
+    """Run PHASE's gates, record the run and re-render the plan.
+
+    Without PHASE: run from the first phase that is not passed-and-fresh, in order, stopping at
+    the first that does not pass.
+    """
+    from kdtree.orchestrator.display import RichReporter  # noqa: PLC0415
+    from kdtree.orchestrator.runner import run_phase  # noqa: PLC0415
+    from kdtree.orchestrator.state import plan_status  # noqa: PLC0415
+
+    if phase is None and (gates or force):
+        raise Refusal("--gate and --force need a PHASE (e.g. `orchestrate run phase1 --gate build`)")
+    if commit and gates:
+        raise Refusal("--commit needs a full run: a checkpoint reports the phase's latest full run; "
+                      "drop --gate, or run `orchestrate checkpoint --commit` later")
+    plan = obj.plan
+    with obj.lock():
+        if phase is not None:
+            plan.phase(phase)
+            todo = [phase]
+        else:
+            statuses = plan_status(plan)
+            todo = [st.phase.id for st in statuses]
+            first = next((i for i, st in enumerate(statuses) if not st.passed_and_fresh), None)
+            if first is None:
+                click.echo("every phase is passed and fresh; nothing to run")
+                return
+            todo = todo[first:]
+        code = 0
+        for phase_id in todo:
+            reporter = RichReporter()
+            try:
+                record = run_phase(plan, phase_id, device=device, gates=gates, force=force,
+                                   reporter=reporter)
+            finally:
+                reporter.close()
+            what = "partial run" if record.partial else "run"
+            click.echo(f"{phase_id}: {record.state.value} ({record.passed_count}/{len(record.results)} "
+                       f"gates passed); {what} {record.run_id} recorded"
+                       + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
+            if record.inputs_changed_during_run:
+                click.echo(f"warning: {phase_id}'s input files changed during the run; it is stale", err=True)
+            _render_after_run(plan)
+            if commit:
+                from kdtree.orchestrator.checkpoint import checkpoint  # noqa: PLC0415
+
+                _print_checkpoint(checkpoint(plan, phase_id, commit=True))
+            code = _exit_code_of(record.state)
+            if code != 0 and not record.partial:
+                if phase is None and phase_id != todo[-1]:
+                    click.echo(f"stopping: {phase_id} did not pass")
+                break
+    sys.exit(code)
+
+
+@cli.command()
+@click.option("--phase", default=None, help="The phase whose latest full run to report (default: the one run last).")
+@click.option("--commit", is_flag=True, help="Commit the working tree with the gate summary and trailers.")
+@click.option("-m", "--message", default=None, help="A paragraph to add below the generated subject.")
+@click.pass_obj
+def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str]) -> None:
+    """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit."""
+    from kdtree.orchestrator.checkpoint import checkpoint as do_checkpoint  # noqa: PLC0415
+
+    plan = obj.plan
+    with obj.lock():
+        res = do_checkpoint(plan, phase, commit=commit, note=message)
+    _print_checkpoint(res)
+    if not commit:
+        click.echo(f"checkpoint of {res.phase} (run {res.run_id}) prepared; pass --commit to commit it")
+
+
+@cli.command()
+@click.argument("phase")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+@click.pass_obj
+def history(obj: Ctx, phase: str, as_json: bool) -> None:
+    """PHASE's runs over time, oldest first, with their figures."""
+    from kdtree.orchestrator.store import ResultStore  # noqa: PLC0415
+
+    plan = obj.plan
+    plan.phase(phase)
+    records = ResultStore(plan.results_path).records(phase)
+    if as_json:
+        from kdtree.orchestrator.views import run_json  # noqa: PLC0415
+
+        click.echo(json.dumps([run_json(r) for r in records], indent=2))
+        return
+    from kdtree.orchestrator.display import print_history  # noqa: PLC0415
+
+    print_history(phase, records)
+
+
+@cli.command()
+@click.option("--check", is_flag=True, help="Exit 1 if the plan markdown is out of date with the recorded runs (CI).")
+@click.pass_obj
+def plan(obj: Ctx, check: bool) -> None:
+    """Re-render the plan markdown's orchestrator blocks from the recorded runs."""
+    from kdtree.orchestrator.markers import find_blocks, split_lines  # noqa: PLC0415
+    from kdtree.orchestrator.render import rendered_plan, write_plan  # noqa: PLC0415
+
+    p = obj.plan
+    if check:
+        current, new = rendered_plan(p)
+        if current == new:
+            click.echo(f"{p.spec.markdown} is up to date")
+            return
+        old_lines, new_lines = split_lines(current), split_lines(new)
+        old_b = {b.name: old_lines[b.begin:b.end] for b in find_blocks(current)}
+        new_b = {b.name: new_lines[b.begin:b.end] for b in find_blocks(new)}
+        stale = [n for n in new_b if old_b.get(n) != new_b[n]]
+        click.echo(f"{p.spec.markdown} is out of date with the recorded runs (blocks: {', '.join(stale)}); "
+                   "run `orchestrate plan` to re-render it", err=True)
+        sys.exit(EXIT_NOT_PASSED)
+    with obj.lock():
+        changed = write_plan(p)
+    click.echo(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point (``orchestrate``, ``python -m kdtree.orchestrator``)."""
+    cli.main(args=argv, prog_name="orchestrate")

@@ -1,0 +1,98 @@
+"""Device and version facts for a run record. Only `run` calls this: it may import torch.
+
+The orchestrator knows nothing of GPUs beyond recording these facts.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from typing import Optional
+
+from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.specs import DeviceInfo, Versions
+
+
+def _dist_version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415 - only when a run needs to know about CUDA
+    except Exception:
+        return None
+    return torch
+
+
+def _cmd_output(argv: list[str], timeout: float = 15.0) -> Optional[str]:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def nvcc_version() -> Optional[str]:
+    """``13.0`` from ``nvcc --version`` (PATH, then CUDA_HOME), or None."""
+    import os  # noqa: PLC0415
+
+    exe = shutil.which("nvcc")
+    if exe is None:
+        for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+            if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
+                exe = os.path.join(root, "bin", "nvcc")
+                break
+    if exe is None:
+        return None
+    out = _cmd_output([exe, "--version"])
+    m = re.search(r"release (\d+\.\d+)", out or "")
+    return m.group(1) if m else None
+
+
+def resolve_device(request: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one is refused."""
+    if request == "cpu":
+        return "cpu"
+    torch = _torch()
+    has_cuda = bool(torch is not None and torch.cuda.is_available())
+    if request == "cuda" and not has_cuda:
+        why = "torch is not installed" if torch is None else "torch.cuda.is_available() is False"
+        raise Refusal(f"--device cuda, but no CUDA GPU is usable here ({why}); "
+                      "use --device cpu or auto (CUDA gates are then skipped)")
+    return "cuda" if has_cuda else "cpu"
+
+
+def device_info(device: str) -> DeviceInfo:
+    """Name, compute capability and driver of the device the gates run on."""
+    host = platform.node()
+    if device != "cuda":
+        return DeviceInfo(kind="cpu", name=f"cpu ({platform.machine()})", host=host)
+    torch = _torch()
+    major, minor = torch.cuda.get_device_capability(0)
+    smi = _cmd_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    driver = smi.strip().splitlines()[0].strip() if smi and smi.strip() else None
+    return DeviceInfo(kind="cuda", name=torch.cuda.get_device_name(0),
+                      compute_capability=f"{major}.{minor}", driver=driver, host=host)
+
+
+def versions() -> Versions:
+    """Python, kdtree, torch (+ its CUDA), triton and nvcc versions; triton is not imported."""
+    torch = sys.modules.get("torch")
+    return Versions(
+        python=platform.python_version(),
+        kdtree=_dist_version("kdtree-engine"),
+        torch=getattr(torch, "__version__", None) or _dist_version("torch"),
+        cuda=getattr(getattr(torch, "version", None), "cuda", None),
+        triton=_dist_version("triton") or _dist_version("pytorch-triton"),
+        nvcc=nvcc_version(),
+    )

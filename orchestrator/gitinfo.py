@@ -1,0 +1,46 @@
+"""Git facts and operations (gitpython, imported lazily so `status` never pays for it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.specs import GitInfo
+
+
+def open_repo(root: Path):
+    """The gitpython Repo at ``root``; a Refusal when there is none."""
+    import git  # noqa: PLC0415
+
+    try:
+        return git.Repo(root, search_parent_directories=False)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise Refusal(f"{root} is not a git repository; run inside one or pass --repo PATH") from None
+
+
+def git_info(root: Path, is_git: bool) -> GitInfo:
+    """HEAD's sha, whether the tree is dirty (untracked files count), and the branch."""
+    if not is_git:
+        return GitInfo()
+    repo = open_repo(root)
+    try:
+        sha: Optional[str] = repo.head.commit.hexsha
+    except ValueError:  # no commit yet
+        sha = None
+    branch = None if repo.head.is_detached else repo.active_branch.name
+    return GitInfo(sha=sha, dirty=repo.is_dirty(untracked_files=True), branch=branch)
+
+
+def in_progress_operation(repo) -> Optional[str]:
+    """'a merge' / 'a rebase' / 'a cherry-pick' when the repository is in the middle of one."""
+    gitdir = Path(repo.git_dir)
+    if (gitdir / "MERGE_HEAD").exists():
+        return "a merge"
+    if (gitdir / "rebase-merge").exists() or (gitdir / "rebase-apply").exists():
+        return "a rebase"
+    if (gitdir / "CHERRY_PICK_HEAD").exists():
+        return "a cherry-pick"
+    if (gitdir / "REVERT_HEAD").exists():
+        return "a revert"
+    return None

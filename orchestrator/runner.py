@@ -1,0 +1,112 @@
+"""Running a phase's gates and recording the run.
+
+`run_phase` checks the plan order, gathers the machine facts, runs each gate through
+`kdtree.gates.base.run_check` and writes one `RunRecord` atomically. Interruption policy: if a
+gate is stopped by Ctrl-C (KeyboardInterrupt) or SystemExit, **nothing is written** — the
+previous records and the plan stay exactly as they were — and `RunInterrupted` is raised. A
+gate that raises any other exception is an ``error`` outcome and the run is recorded as such.
+
+The caller holds the run lock (`kdtree.orchestrator.lock`) and re-renders the plan afterwards.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional, Protocol, Sequence
+
+from kdtree.gates.base import GateContext, GateResult, run_check
+from kdtree.orchestrator import device as device_facts
+from kdtree.orchestrator.errors import Refusal, RunInterrupted
+from kdtree.orchestrator.gitinfo import git_info
+from kdtree.orchestrator.inputs import InputsIndex
+from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.specs import DeviceInfo, RunRecord, Versions, state_of
+from kdtree.orchestrator.state import blockers, describe_blockers, plan_status
+from kdtree.orchestrator.store import ResultStore, new_run_id
+
+
+class Reporter(Protocol):
+    """What the runner tells a progress display."""
+
+    def phase_started(self, phase: str, gates: Sequence[str]) -> None: ...
+    def gate_started(self, gate: str) -> None: ...
+    def gate_progress(self, gate: str, message: str, fraction: Optional[float]) -> None: ...
+    def gate_finished(self, result: GateResult) -> None: ...
+
+
+class SilentReporter:
+    """A reporter that shows nothing (tests, library use)."""
+
+    def phase_started(self, phase: str, gates: Sequence[str]) -> None: ...
+    def gate_started(self, gate: str) -> None: ...
+    def gate_progress(self, gate: str, message: str, fraction: Optional[float]) -> None: ...
+    def gate_finished(self, result: GateResult) -> None: ...
+
+
+def select_gates(plan: Plan, phase_id: str, names: Sequence[str]) -> list[str]:
+    """The gate names a run covers (all, in spec order, when ``names`` is empty)."""
+    phase = plan.phase(phase_id)
+    known = [g.name for g in phase.spec.gates]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise Refusal(f"phase {phase_id} has no gate {', '.join(map(repr, unknown))}; "
+                      f"its gates are {', '.join(known)}")
+    return [n for n in known if n in names] if names else known
+
+
+def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequence[str] = (),
+              force: bool = False, reporter: Optional[Reporter] = None,
+              machine: Optional[tuple[DeviceInfo, Versions]] = None) -> RunRecord:
+    """Run ``phase_id``'s gates (or the ``gates`` subset) and store the run; return its record.
+
+    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``.
+    ``machine`` overrides the gathered device facts (for tests). See the module docstring for
+    what happens on interruption.
+    """
+    reporter = reporter or SilentReporter()
+    phase = plan.phase(phase_id)
+    selected = select_gates(plan, phase_id, gates)
+    store = ResultStore(plan.results_path)
+    statuses = plan_status(plan, store)
+    blocking = blockers(statuses, phase_id)
+    if blocking and not force:
+        raise Refusal(describe_blockers(blocking, phase_id))
+
+    resolved = device_facts.resolve_device(device)
+    dev, vers = machine or (device_facts.device_info(resolved), device_facts.versions())
+    git = git_info(plan.root, plan.is_git)
+    globs = list(phase.spec.inputs)
+    inputs_hash, n_files = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+    started = datetime.now(timezone.utc)
+    run_id = new_run_id(started)
+    artifacts = store.phase_dir(phase_id)
+    artifacts.mkdir(parents=True, exist_ok=True)
+
+    reporter.phase_started(phase_id, selected)
+    results: list[GateResult] = []
+    for name in selected:
+        spec = phase.spec.gate(name)
+        ctx = GateContext(device=resolved, repo_root=plan.root, artifacts_dir=artifacts,
+                          progress=lambda msg, frac=None, _n=name: reporter.gate_progress(_n, msg, frac))
+        reporter.gate_started(name)
+        try:
+            result = run_check(spec, phase.checks.get(name), ctx)
+        except (KeyboardInterrupt, SystemExit):
+            raise RunInterrupted(phase_id, name) from None
+        results.append(result)
+        reporter.gate_finished(result)
+
+    ended = datetime.now(timezone.utc)
+    inputs_after, _ = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+    partial = len(selected) < len(phase.spec.gates)
+    record = RunRecord(
+        phase=phase_id, run_id=run_id, state=state_of(results),
+        spec_hash=phase.spec.spec_hash(), spec=phase.spec.model_dump(mode="json"),
+        inputs_hash=inputs_hash, input_files=n_files, git=git, device=dev, versions=vers,
+        started_at=started, ended_at=ended, forced=bool(force and blocking),
+        forced_over=[b.phase.id for b in blocking], partial=partial,
+        gates_selected=selected if partial else [],
+        inputs_changed_during_run=inputs_after != inputs_hash, results=results,
+    )
+    store.write(record)
+    return record

@@ -1,0 +1,166 @@
+"""The orchestrator's records and the plan spec (pydantic v2, unknown fields forbidden).
+
+`PhaseSpec` and the gate specs live in `kdtree.gates.spec` (phase modules build them without
+importing the orchestrator) and are re-exported here. This module adds:
+
+- `PlanSpec`: which phase modules make the plan, in order, and where its markdown lives;
+- `RunRecord`: one run of one phase, as stored under ``plans/results/<phase>/<run_id>.json``,
+  with `GitInfo`, `DeviceInfo` and `Versions`, the machine facts every figure is stored with.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kdtree.gates.base import GateResult, Outcome
+from kdtree.gates.spec import GateSpec, PhaseSpec  # noqa: F401 - re-exported
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _relative(path: str, what: str) -> str:
+    if not path or path.startswith("/") or ".." in path.split("/"):
+        raise ValueError(f"{what} {path!r} must be a path relative to the repo root")
+    return path
+
+
+class PlanSpec(_Strict):
+    """A plan: phase modules (import paths) in the order they must pass, and its files.
+
+    Each phase module exports ``SPEC`` (a `PhaseSpec`) and ``CHECKS`` (gate name -> check).
+    """
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    title: str = ""
+    markdown: str  # the plan's prose + orchestrator-owned blocks
+    phases: list[str] = Field(min_length=1)  # import paths, e.g. "kdtree.phases.phase1_kernel"
+    results_dir: str = "plans/results"
+    changelog: str = "CHANGELOG.md"
+
+    @field_validator("markdown", "results_dir", "changelog")
+    @classmethod
+    def _paths_relative(cls, v: str, info) -> str:
+        return _relative(v, info.field_name)
+
+    @field_validator("phases")
+    @classmethod
+    def _unique_modules(cls, v: list[str]) -> list[str]:
+        dup = sorted({m for m in v if v.count(m) > 1})
+        if dup:
+            raise ValueError(f"phase modules listed twice: {dup}")
+        return v
+
+
+class PhaseState(str, enum.Enum):
+    """A phase's state. Only ``passed`` lets the next phase run without ``--force``."""
+
+    PENDING = "pending"  # no full run recorded
+    PASSED = "passed"  # every gate passed
+    FAILED = "failed"  # some gate failed or is not implemented
+    ERROR = "error"  # some gate raised / measured nothing
+    INCOMPLETE = "incomplete"  # some gates skipped (e.g. no GPU), the rest passed
+    STALE = "stale"  # passed/incomplete, but its inputs or spec changed since
+
+
+def state_of(results: list[GateResult]) -> PhaseState:
+    """The state a set of gate outcomes amounts to (no staleness: that needs the working tree)."""
+    outcomes = {r.outcome for r in results}
+    if not results:
+        return PhaseState.ERROR
+    if Outcome.ERROR in outcomes:
+        return PhaseState.ERROR
+    if outcomes & {Outcome.FAILED, Outcome.NOT_IMPLEMENTED}:
+        return PhaseState.FAILED
+    if Outcome.SKIPPED in outcomes:
+        return PhaseState.INCOMPLETE
+    return PhaseState.PASSED
+
+
+class GitInfo(_Strict):
+    """The commit the run started from; ``dirty`` when the working tree differed from it."""
+
+    sha: Optional[str] = None  # None: not a git repository (e.g. a copied tree on a GPU host)
+    dirty: Optional[bool] = None
+    branch: Optional[str] = None  # None: detached HEAD or no repository
+
+    @property
+    def short(self) -> str:
+        if self.sha is None:
+            return "no-git"
+        return self.sha[:10] + ("+dirty" if self.dirty else "")
+
+
+class DeviceInfo(_Strict):
+    """Where the gates ran."""
+
+    kind: str  # "cpu" or "cuda"
+    name: str
+    compute_capability: Optional[str] = None  # "9.0"
+    driver: Optional[str] = None
+    host: str = ""
+
+    @property
+    def label(self) -> str:
+        """``NVIDIA H200 (sm_90)`` / ``cpu (x86_64)``."""
+        if self.compute_capability:
+            return f"{self.name} (sm_{self.compute_capability.replace('.', '')})"
+        return self.name
+
+
+class Versions(_Strict):
+    """Software the figures depend on; None where not installed."""
+
+    python: str
+    kdtree: Optional[str] = None
+    torch: Optional[str] = None
+    cuda: Optional[str] = None  # torch's CUDA runtime
+    triton: Optional[str] = None
+    nvcc: Optional[str] = None
+
+
+class RunRecord(BaseModel):
+    """One run of one phase. Written once, atomically; never edited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    phase: str
+    run_id: str
+    state: PhaseState  # from the outcomes alone; staleness is judged later against the tree
+    spec_hash: str
+    spec: dict[str, Any]  # the PhaseSpec as run: every threshold the figures were held against
+    inputs_hash: str
+    input_files: int
+    git: GitInfo
+    device: DeviceInfo
+    versions: Versions
+    started_at: datetime
+    ended_at: datetime
+    forced: bool = False
+    forced_over: list[str] = Field(default_factory=list)  # earlier phases that were not passed-and-fresh
+    partial: bool = False  # only some gates ran (--gate); never decides the phase's state
+    gates_selected: list[str] = Field(default_factory=list)
+    inputs_changed_during_run: bool = False
+    results: list[GateResult]
+
+    @property
+    def duration_s(self) -> float:
+        return (self.ended_at - self.started_at).total_seconds()
+
+    def result(self, gate: str) -> Optional[GateResult]:
+        for r in self.results:
+            if r.gate == gate:
+                return r
+        return None
+
+    @property
+    def passed_count(self) -> int:
+        return sum(1 for r in self.results if r.passed)

@@ -1,0 +1,103 @@
+"""A phase's state now: its latest full run, judged against the current spec and working tree.
+
+- ``pending``: no full run; the outcomes of the latest full run give ``passed``, ``failed``,
+  ``error`` or ``incomplete`` (see `kdtree.orchestrator.specs.state_of`);
+- ``stale``: that run passed (or was incomplete) but the phase's spec hash or inputs hash is no
+  longer the one it saw.
+
+A partial run (``--gate``) never decides the state; it is shown beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kdtree.orchestrator.inputs import InputsIndex
+from kdtree.orchestrator.plan import Phase, Plan
+from kdtree.orchestrator.specs import PhaseState, RunRecord
+from kdtree.orchestrator.store import ResultStore
+
+
+@dataclass
+class PhaseStatus:
+    """Everything `status`, the order check and checkpoints need to know about one phase."""
+
+    phase: Phase
+    state: PhaseState
+    record: Optional[RunRecord]  # latest full run
+    partial: Optional[RunRecord]  # a partial run newer than ``record``
+    spec_hash: str
+    inputs_hash: str
+    input_files: int
+    stale_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def passed_and_fresh(self) -> bool:
+        return self.state is PhaseState.PASSED
+
+    @property
+    def fresh(self) -> bool:
+        return self.record is not None and not self.stale_reasons
+
+
+def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str) -> list[str]:
+    """Why ``record`` no longer describes the phase (empty: it still does)."""
+    reasons = []
+    if record.spec_hash != spec_hash:
+        reasons.append(f"the phase spec changed (spec hash {record.spec_hash} -> {spec_hash})")
+    if record.inputs_hash != inputs_hash:
+        reasons.append(f"its input files changed (inputs hash {record.inputs_hash} -> {inputs_hash})")
+    return reasons
+
+
+def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
+    """The status of one phase (see module docstring)."""
+    records = store.records(phase.id)
+    full = [r for r in records if not r.partial]
+    record = full[-1] if full else None
+    partial = records[-1] if records and records[-1].partial else None
+    spec_hash = phase.spec.spec_hash()
+    inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
+    if record is None:
+        return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files)
+    reasons = stale_reasons(record, spec_hash, inputs_hash)
+    state = record.state
+    if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
+        state = PhaseState.STALE
+    return PhaseStatus(phase, state, record, partial, spec_hash, inputs_hash, n_files, reasons)
+
+
+def plan_status(plan: Plan, store: Optional[ResultStore] = None,
+                index: Optional[InputsIndex] = None) -> list[PhaseStatus]:
+    """Every phase's status, in plan order."""
+    store = store or ResultStore(plan.results_path)
+    index = index or InputsIndex(plan.root, plan.is_git)
+    return [phase_status(p, store, index) for p in plan.phases]
+
+
+def blockers(statuses: list[PhaseStatus], phase_id: str) -> list[PhaseStatus]:
+    """The earlier phases that are not passed-and-fresh, which block ``phase_id``."""
+    out = []
+    for st in statuses:
+        if st.phase.id == phase_id:
+            return out
+        if not st.passed_and_fresh:
+            out.append(st)
+    raise KeyError(phase_id)
+
+
+def describe_blockers(blocking: list[PhaseStatus], phase_id: str) -> str:
+    """The refusal message for running ``phase_id`` past ``blocking``."""
+    first = blocking[0]
+    why = first.state.value
+    if first.stale_reasons:
+        why += ": " + "; ".join(first.stale_reasons)
+    elif first.record is not None:
+        why += f" (run {first.record.run_id})"
+    others = ""
+    if len(blocking) > 1:
+        others = f" (also not passed-and-fresh: {', '.join(b.phase.id for b in blocking[1:])})"
+    return (f"{phase_id} is blocked by {first.phase.id}, which is {why}{others}. Phases run in "
+            f"plan order: run `orchestrate run {first.phase.id}` until it passes, or pass --force "
+            f"to run {phase_id} anyway (the run records that it was forced).")

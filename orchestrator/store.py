@@ -1,0 +1,72 @@
+"""The result store: one JSON file per run under ``<results_dir>/<phase>/<run_id>.json``.
+
+Records are written atomically and never edited; history is every file. "Latest" is derived by
+sorting the files (run ids begin with a UTC timestamp), so no pointer can go out of sync. Other
+files in a phase's folder (plots, tables written by gates) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from pydantic import ValidationError
+
+from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.orchestrator.specs import RunRecord
+
+RUN_ID_RE = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
+
+
+def new_run_id(now: Optional[datetime] = None) -> str:
+    """``20261202T135501123456Z-1a2b3c``: sortable by time, unique with a random suffix."""
+    now = now or datetime.now(timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%S%fZ") + "-" + os.urandom(3).hex()
+
+
+class ResultStore:
+    """Read and write run records of a plan's phases."""
+
+    def __init__(self, results_dir: Path):
+        self.dir = results_dir
+
+    def phase_dir(self, phase: str) -> Path:
+        return self.dir / phase
+
+    def path_of(self, record: RunRecord) -> Path:
+        return self.phase_dir(record.phase) / f"{record.run_id}.json"
+
+    def write(self, record: RunRecord) -> Path:
+        """Store a new record atomically. Refuses to overwrite an existing run id."""
+        path = self.path_of(record)
+        if path.exists():
+            raise Refusal(f"run {record.run_id} of {record.phase} already exists at {path}")
+        atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+        return path
+
+    def records(self, phase: str) -> list[RunRecord]:
+        """Every run of ``phase``, oldest first. A damaged record is an error naming its file."""
+        folder = self.phase_dir(phase)
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in sorted(folder.glob("*.json")):
+            if not RUN_ID_RE.match(path.stem):
+                continue
+            try:
+                out.append(RunRecord.model_validate(json.loads(path.read_text(encoding="utf-8"))))
+            except (ValueError, ValidationError) as exc:
+                raise Refusal(f"run record {path} is damaged ({str(exc).splitlines()[0]}); "
+                              "restore it from git or delete it") from None
+        out.sort(key=lambda r: (r.started_at, r.run_id))
+        return out
+
+    def latest(self, phase: str, *, full: bool = True) -> Optional[RunRecord]:
+        """The newest run (``full``: the newest that ran every gate; else any)."""
+        recs = [r for r in self.records(phase) if not (full and r.partial)]
+        return recs[-1] if recs else None
