@@ -1,0 +1,17 @@
+"""The inference engine the gates run on: a seeded DeepSeek-V3-style MLA model, a page_size=1 KV
+token pool, attention backends behind the op contract, and tree speculative decoding.
+
+    generate(prompts, *, model=None, config=None, drafter="none", budget=16, backend="torch",
+             device="cpu", dtype=None, max_new_tokens=32, seed=0) -> GenerationResult
+    build_model(config=None, seed=0, device="cpu", dtype=None) -> MLAModel
+
+Importing this package imports torch, never triton, and builds nothing for CUDA.
+"""
+
+from kdtree.engine.api import GenerationResult, build_model, default_dtype, generate  # noqa: F401
+from kdtree.engine.backends import AttentionBackend, get_backend, known_backends, register_backend  # noqa: F401
+from kdtree.engine.config import ModelConfig, preset  # noqa: F401
+from kdtree.engine.drafters import DRAFTER_NAMES, get_drafter  # noqa: F401
+from kdtree.engine.kv_pool import KVPool  # noqa: F401
+from kdtree.engine.model import MLAModel  # noqa: F401
+from kdtree.engine.tree import TokenTree  # noqa: F401

@@ -1,0 +1,155 @@
+"""The engine's public entry points: `build_model` and `generate`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from kdtree.engine.backends import get_backend
+from kdtree.engine.config import ModelConfig, preset
+from kdtree.engine.drafters import get_drafter
+from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.model import MLAModel
+from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.weights import init_weights
+from kdtree.kernels.contract import MAX_TREE_NODES
+
+
+@dataclass
+class GenerationResult:
+    """What `generate` returns; `to_dict()` is the demo's --json object."""
+
+    tokens: list[list[int]]  # new tokens per request, in prompt order
+    accepted_per_step: list[float]  # per decode/verify step: tokens emitted per active request, mean
+    mean_accepted: float  # tokens emitted per request-step over the whole run
+    tokens_per_s: float  # new tokens of all requests / wall time (prefill included)
+    steps: int  # decode/verify steps after prefill
+    wall_s: float
+    drafter: str
+    budget: int
+    backend: str
+    device: str
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on CPU, bf16 on CUDA."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def build_model(config: Optional[ModelConfig] = None, seed: int = 0, device: str | torch.device = "cpu",
+                dtype: Optional[torch.dtype] = None) -> MLAModel:
+    """The seeded MLA model (config defaults to the 'tiny' preset), in eval mode on `device`."""
+    config = preset("tiny") if config is None else config
+    model = MLAModel(config)
+    init_weights(model, seed)
+    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
+
+
+def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts: need a non-empty list of token-id lists")
+    checked = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (list, tuple)) or not p:
+            raise ValueError(f"prompts[{i}]: need a non-empty list of token ids")
+        ids = [int(t) for t in p]
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompts[{i}]: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        checked.append(ids)
+    return checked
+
+
+def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = None,
+             config: Optional[ModelConfig] = None, drafter: str = "none", budget: int = 16,
+             backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
+             max_new_tokens: int = 32, seed: int = 0, pool_slots: Optional[int] = None,
+             on_step: Optional[Callable[[int], None]] = None) -> GenerationResult:
+    """Greedy generation for a batch of prompts, plain (drafter='none') or tree-speculative.
+
+    model: a built `MLAModel` (its device and dtype win); else one is built from `config`
+    (default 'tiny') and `seed` on `device` in `dtype` (default fp32 on CPU, bf16 on CUDA).
+    drafter: 'none' | 'ngram' | 'selfdraft' | 'ddtree'; budget: tree nodes per request per step,
+    root included (1..1024). backend: an attention backend name (`kdtree.engine.backends`).
+    pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
+    on_step(n): called after prefill and each step with the number of new tokens kept.
+    Speculative decoding emits exactly the tokens plain greedy decoding would.
+    """
+    spec = get_drafter(drafter)
+    attention = get_backend(backend)
+    if not isinstance(budget, int) or not 1 <= budget <= MAX_TREE_NODES:
+        raise ValueError(f"budget must be an int in [1, {MAX_TREE_NODES}], got {budget!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if model is None:
+        model = build_model(config, seed, device, dtype)
+    elif config is not None and config != model.config:
+        raise ValueError("config does not match the model's config; pass one or the other")
+    cfg = model.config
+    prompts = _check_prompts(prompts, cfg.vocab_size)
+    reach = max(map(len, prompts)) + max_new_tokens + max(budget, spec.max_depth if spec else 0)
+    if reach > cfg.max_position_embeddings:
+        raise ValueError(f"longest prompt + max_new_tokens + draft depth reaches position {reach}, beyond "
+                         f"max_position_embeddings = {cfg.max_position_embeddings}")
+    per_request = [len(p) + max_new_tokens + budget + (spec.max_depth if spec else 0) + 1 for p in prompts]
+    if pool_slots is None:
+        pool_slots = sum(per_request)
+    longest = max(map(len, prompts))
+    if longest >= pool_slots:
+        raise ValueError(f"a prompt of {longest} tokens is longer than the KV pool allows "
+                         f"({pool_slots} slots, and generating needs at least one more)")
+    pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
+    runner = Runner(model, pool, attention)
+    requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
+    accepted_per_step: list[float] = []
+    emitted_total = request_steps = 0
+
+    start = time.perf_counter()
+    runner.prefill(requests)
+    if on_step:
+        on_step(len(requests))
+    active = [r for r in requests if not r.done]
+    for r in requests:
+        if r.done:
+            pool.release(r.rid)
+    while active:
+        if spec is None:
+            emitted = runner.decode_step(active)
+        else:
+            trees = spec.propose(active, budget, runner)
+            for r, tree in zip(active, trees):
+                if len(tree) > budget:
+                    raise ValueError(f"drafter {drafter!r} proposed a tree of {len(tree)} nodes for request "
+                                     f"{r.rid}, over the budget of {budget}")
+            emitted = runner.verify_step(active, trees)
+        accepted_per_step.append(sum(emitted) / len(emitted))
+        emitted_total += sum(emitted)
+        request_steps += len(emitted)
+        kept = 0
+        for r, n in zip(active, emitted):
+            over = max(0, len(r.output) - r.max_new_tokens)
+            kept += n - over
+            if r.done:
+                del r.output[r.max_new_tokens:]
+                pool.release(r.rid)
+        if on_step:
+            on_step(kept)
+        active = [r for r in active if not r.done]
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    wall = time.perf_counter() - start
+
+    tokens = [r.output for r in requests]
+    return GenerationResult(
+        tokens=tokens, accepted_per_step=accepted_per_step,
+        mean_accepted=emitted_total / request_steps if request_steps else 1.0,
+        tokens_per_s=sum(map(len, tokens)) / wall if wall > 0 else float("inf"),
+        steps=len(accepted_per_step), wall_s=wall, drafter=drafter, budget=budget, backend=backend,
+        device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))

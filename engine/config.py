@@ -1,0 +1,69 @@
+"""The MLA model's configuration (pydantic) and its named sizes."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kdtree.kernels.contract import LATENT_DIM, ROPE_DIM
+
+
+class ModelConfig(BaseModel):
+    """A DeepSeek-V3-style MLA transformer. kv_lora_rank and qk_rope_head_dim are fixed by the op contract.
+
+    The last three fields shape the seeded weights so greedy decisions have wide logit margins
+    (see `kdtree.engine.weights`); they change values, never the architecture.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vocab_size: int = Field(1024, ge=2)
+    hidden_size: int = Field(256, ge=8)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(8, ge=1, le=128)
+    q_lora_rank: Optional[int] = Field(None, ge=1)
+    kv_lora_rank: Literal[512] = LATENT_DIM
+    qk_rope_head_dim: Literal[64] = ROPE_DIM
+    qk_nope_head_dim: int = Field(64, ge=1)
+    v_head_dim: int = Field(64, ge=1)
+    intermediate_size: int = Field(512, ge=1)
+    rms_norm_eps: float = Field(1e-6, gt=0)
+    rope_theta: float = Field(10000.0, gt=1)
+    max_position_embeddings: int = Field(4096, ge=2)
+    # margin design (kdtree.engine.weights)
+    logit_scale: float = Field(16.0, gt=0)
+    context_gain: float = Field(1.0, ge=0)
+    backbone_cycle: tuple[int, int] = (3, 12)
+
+    @model_validator(mode="after")
+    def _check_cycle(self) -> "ModelConfig":
+        lo, hi = self.backbone_cycle
+        if not 1 <= lo <= hi:
+            raise ValueError(f"backbone_cycle: need 1 <= lo <= hi, got {self.backbone_cycle}")
+        return self
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head query/key width of the un-absorbed model (nope + rope)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def sm_scale(self) -> float:
+        """Softmax scale: 1/sqrt(nope + rope) of the un-absorbed model; absorbed dot products are equal."""
+        return 1.0 / math.sqrt(self.qk_head_dim)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),
+    "small": ModelConfig(hidden_size=512, num_layers=8, num_heads=16, qk_nope_head_dim=128,
+                         v_head_dim=128, intermediate_size=1408, vocab_size=4096),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """A named configuration ('tiny' runs fast on 2 CPU cores)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name]

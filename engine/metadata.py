@@ -1,0 +1,84 @@
+"""Attention metadata for a batch, in the op contract's layout (DESIGN section 3).
+
+For every mode, request b's query rows are ``qo_indptr[b]:qo_indptr[b+1]`` and its slots are
+``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``: the slots already holding KV, then the slots of this
+forward's new tokens, in the order of the query rows.
+- extend: new tokens form a causal chain after the prefix (prefill).
+- decode: one new token per request (a one-node tree; ``tree_mask`` is all ones).
+- verify: the new tokens are a token tree; ``tree_mask`` is the packed ancestor-or-self mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, Sequence
+
+import torch
+
+from kdtree.kernels.masks import pack_tree_masks
+
+Mode = Literal["extend", "decode", "verify"]
+
+
+@dataclass
+class AttentionMetadata:
+    mode: Mode
+    qo_indptr: torch.Tensor  # int32 [B+1]
+    kv_indptr: torch.Tensor  # int32 [B+1]
+    kv_indices: torch.Tensor  # int32 [sum(L_b + T_b)]
+    tree_mask: Optional[torch.Tensor]  # int32 [Nq, W]; None for extend
+    qo_lens: list[int]  # T_b, on the host
+    kv_lens: list[int]  # L_b + T_b, on the host
+    parents: Optional[list[list[int]]] = None  # verify only
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.qo_lens)
+
+    @property
+    def prefix_lens(self) -> list[int]:
+        return [k - t for k, t in zip(self.kv_lens, self.qo_lens)]
+
+
+def _indptr(lengths: Sequence[int], device) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
+    return out.to(device)
+
+
+def _build(mode: Mode, prefix_slots, new_slots, tree_mask_fn, device, parents=None) -> AttentionMetadata:
+    if len(prefix_slots) != len(new_slots) or not new_slots:
+        raise ValueError(f"need one prefix and one new-slot list per request, got {len(prefix_slots)} "
+                         f"and {len(new_slots)}")
+    qo_lens = [len(s) for s in new_slots]
+    if min(qo_lens) < 1:
+        raise ValueError("every request needs at least one new token")
+    kv_lens = [len(p) + len(s) for p, s in zip(prefix_slots, new_slots)]
+    flat = [s for p, n in zip(prefix_slots, new_slots) for s in (*p, *n)]
+    kv_indices = torch.tensor(flat, dtype=torch.int32, device=device)
+    return AttentionMetadata(mode, _indptr(qo_lens, device), _indptr(kv_lens, device), kv_indices,
+                             tree_mask_fn(qo_lens), qo_lens, kv_lens, parents)
+
+
+def extend_metadata(prefix_slots: Sequence[Sequence[int]], new_slots: Sequence[Sequence[int]],
+                    device="cpu") -> AttentionMetadata:
+    """Prefill: request b appends the chain new_slots[b] after prefix_slots[b]."""
+    return _build("extend", prefix_slots, new_slots, lambda lens: None, device)
+
+
+def decode_metadata(prefix_slots: Sequence[Sequence[int]], new_slots: Sequence[int],
+                    device="cpu") -> AttentionMetadata:
+    """Decode: request b adds one token in slot new_slots[b] after prefix_slots[b]."""
+    ones = lambda lens: torch.ones(len(lens), 1, dtype=torch.int32, device=device)  # noqa: E731
+    return _build("decode", prefix_slots, [[int(s)] for s in new_slots], ones, device)
+
+
+def verify_metadata(prefix_slots: Sequence[Sequence[int]], tree_slots: Sequence[Sequence[int]],
+                    parents: Sequence[Sequence[int]], device="cpu") -> AttentionMetadata:
+    """Verify: request b's tree (parents[b], node order) lives in tree_slots[b] after its prefix."""
+    for b, (slots, par) in enumerate(zip(tree_slots, parents)):
+        if len(slots) != len(par):
+            raise ValueError(f"request {b}: {len(slots)} tree slots for a tree of {len(par)} nodes")
+    parents = [list(p) for p in parents]
+    return _build("verify", prefix_slots, tree_slots, lambda lens: pack_tree_masks(parents, device=device),
+                  device, parents)
