@@ -240,12 +240,14 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     ``ARCH max_smem_bytes``; overall ``archs_built``, ``forbidden_sass`` (count of forbidden
     opcodes; unknown, so failing, when an arch's SASS is missing) and ``kernels_over_limits``
     (key). A failed compile gives the arch's figures no value, and its log tail in the summary.
-    Details: ``kernels`` (a row per function), ``forbidden_hits``, ``commands``, ``compile_errors``.
+    Details: ``kernels`` (a row per function), ``forbidden_hits`` (the first 100),
+    ``forbidden_counts`` (per arch), ``commands``, ``compile_errors``, ``sass_missing``.
     """
     figures: list[Figure] = []
     rows: list[dict] = []
     messages: list[str] = []
     hits: list[str] = []
+    hit_counts: dict[str, int] = {}
     commands: dict[str, object] = {}
     errors: dict[str, str] = {}
     over = 0
@@ -303,6 +305,7 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
             else:
                 found = scan_sass(out.sass, spec.forbidden_sass)
                 hits += found
+                hit_counts[arch] = len(found)
                 if found:
                     messages.append(f"{arch}: {len(found)} forbidden SASS instructions, first: {found[0]}")
     if sass_missing:
@@ -315,6 +318,7 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     summary = "; ".join(messages[:4]) if messages else (
         f"{built} archs built, {len(rows)} functions within limits, no forbidden SASS")
     result = verdict(spec.name, spec.kind, figures, summary, kernels=rows, forbidden_hits=hits[:100],
+                     forbidden_counts=hit_counts,
                      commands=commands, compile_errors=errors, sass_missing=sass_missing)
     if messages and result.outcome is Outcome.PASSED:
         result.outcome = Outcome.FAILED
