@@ -175,3 +175,17 @@ def test_a_failure_is_reproducible_from_its_seed():
     rel = float((outputs["out"].double() - ref).norm() / ref.norm())
     assert rel == pytest.approx(0.5, rel=1e-3)
     assert r.details["cases"][0]["worst_rel_l2"] == pytest.approx(0.5, rel=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_poisoned_outputs_on_cuda():
+    def half(inputs, outputs):
+        full = {k: torch.empty_like(v) for k, v in outputs.items()}
+        toy_ops.candidate(inputs, full)
+        outputs["out"][:3] = full["out"][:3]
+        outputs["lse"].copy_(full["lse"])
+
+    ctx = GateContext(device="cuda")
+    assert run(toy_ops.candidate, ctx=ctx).outcome is Outcome.PASSED
+    r = run(half, ctx=ctx, cases=toy_ops.cases()[:1])
+    assert r.outcome is Outcome.FAILED and "first at index (3, 0)" in r.summary

@@ -142,3 +142,40 @@ def test_no_sanitizer_is_skipped(monkeypatch):
     r = check_sanitizer(SPEC, ["drv"], GateContext())
     assert r.outcome is Outcome.SKIPPED and "compute-sanitizer" in r.reason
     assert os.environ["PATH"] == "/nonexistent"
+
+
+# --- GPU: the real tool over a driver with planted faults ------------------------------------
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    import shutil
+    import subprocess
+
+    from kdtree.gates.sanitizer import find_compute_sanitizer
+
+    if shutil.which("nvcc") is None or find_compute_sanitizer() is None:
+        pytest.skip("needs nvcc and compute-sanitizer")
+    exe = tmp_path_factory.mktemp("planted") / "planted"
+    subprocess.run(["nvcc", "-o", str(exe), str(LOGS / "planted.cu")], check=True)
+    return str(exe)
+
+
+@pytest.mark.gpu
+def test_gpu_clean_driver_passes(planted):
+    r = check_sanitizer(SPEC, [planted, "clean"], GateContext(), require_marker="DRIVER OK")
+    assert r.outcome is Outcome.PASSED, r.summary
+
+
+@pytest.mark.gpu
+def test_gpu_planted_out_of_bounds_write_fails_memcheck(planted):
+    spec = SPEC.model_copy(update={"tools": ["memcheck"]})
+    r = check_sanitizer(spec, [planted, "oob"], GateContext(), require_marker="DRIVER OK")
+    assert r.outcome is Outcome.FAILED and fig(r, "memcheck errors").value > 0
+    assert "Invalid __global__ write" in r.summary
+
+
+@pytest.mark.gpu
+def test_gpu_planted_race_fails_racecheck(planted):
+    spec = SPEC.model_copy(update={"tools": ["racecheck"]})
+    r = check_sanitizer(spec, [planted, "race"], GateContext(), require_marker="DRIVER OK")
+    assert r.outcome is Outcome.FAILED and fig(r, "racecheck errors").value > 0

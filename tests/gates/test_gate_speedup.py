@@ -214,3 +214,18 @@ def test_disagreement_measure():
 
 def test_perf_counter_timer_returns_seconds():
     assert perf_counter_timer(lambda: None) >= 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_event_timer_is_the_default_on_cuda():
+    spec = SPEC.model_copy(update={"min_median_speedup": 1e-9, "min_each_speedup": 1e-9, "repeats": 3})
+
+    def make_inputs(seed, device):
+        g = torch.Generator().manual_seed(seed)
+        return [{"x": torch.randn(256, 256, generator=g).to(device)} for _ in range(2)]
+
+    r = check_speedup(spec, [SpeedConfig("mm", make_inputs)], lambda i: i["x"] @ i["x"],
+                      lambda i: (i["x"].double() @ i["x"].double()).float(), GateContext(device="cuda"))
+    assert r.details["timer"] == "cuda_event"
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert r.details["configs"][0]["input_sets"] == 2
