@@ -1,0 +1,60 @@
+"""An interrupted or crashing run leaves the previous record and the plan exactly as they were."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _snapshot(project):
+    recs = {p.name: p.read_bytes() for p in project.records("p1")}
+    return recs, project.plan_path.read_bytes()
+
+
+def _leftovers(project):
+    results = project.root / "plans" / "results"
+    return sorted(str(p.relative_to(project.root)) for p in results.rglob("*")
+                  if p.name.endswith(".tmp") or p.name == ".lock")
+
+
+@pytest.mark.parametrize("knob", ["sigint", "exit"])
+def test_sigint_or_systemexit_in_a_gate_records_nothing(project, knob):
+    project.cli("run", "p1", "--device", "cpu")
+    before = _snapshot(project)
+    project.knobs(p1={"exact": knob})
+    res = project.cli("run", "p1", "--device", "cpu", expect=130)
+    assert "interrupted during gate 'exact'" in res.stderr
+    assert "nothing was recorded" in res.stderr
+    assert _snapshot(project) == before
+    assert _leftovers(project) == []  # the lock was released
+    assert project.phase("p1")["state"] == "passed"
+
+
+def test_exception_in_a_gate_is_an_error_record_and_keeps_the_previous_one(project):
+    project.cli("run", "p1", "--device", "cpu")
+    (first,) = project.records("p1")
+    first_bytes = first.read_bytes()
+    project.knobs(p1={"speed": "raise"})
+    project.cli("run", "p1", "--device", "cpu", expect=1)
+    recs = project.records("p1")
+    assert len(recs) == 2 and recs[0].read_bytes() == first_bytes
+    assert project.phase("p1")["state"] == "error"
+
+
+def test_a_crash_while_writing_the_record_leaves_no_half_file(project, monkeypatch):
+    project.cli("run", "p1", "--device", "cpu")
+    before = _snapshot(project)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        project.cli("run", "p1", "--device", "cpu", expect=None)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert _snapshot(project) == before
+    assert _leftovers(project) == []
