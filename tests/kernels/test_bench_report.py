@@ -1,0 +1,167 @@
+"""The benchmark's CPU-testable parts: inputs, the per-config logic (CUDA events faked by a host
+clock), the JSON / markdown / PNG report from synthetic rows, the CLI without a GPU, the roofline."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from kdtree.kernels import bench, roofline
+from kdtree.kernels.masks import unpack_bool_rows
+from kdtree.kernels.naive import tree_verify_mla_naive
+from kdtree.kernels.reference import tree_verify_mla_reference
+
+
+@pytest.fixture
+def pool():
+    return torch.randn(5000, 576, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("layout", bench.LAYOUTS)
+def test_make_case_follows_the_contract(pool, layout):
+    case = bench.make_case(4, 40, 3, 100, layout, pool, seed=7)
+    args = bench.case_args(case)
+    out = tree_verify_mla_reference(*args)  # validates the whole call
+    assert out.shape == (120, 4, 512) and case["shape"] == roofline.Shape(4, 40, 3, 100)
+    idx = case["kv_indices"]
+    assert idx.numel() == 3 * 140 and idx.unique().numel() == idx.numel()  # distinct slots
+    if layout == "contiguous":
+        assert torch.equal(idx - idx[0], torch.arange(idx.numel(), dtype=torch.int32))
+    else:
+        assert not torch.equal(idx.sort().values, idx)  # scattered, not accidentally sorted
+    vis = unpack_bool_rows(case["tree_mask"], 40)
+    assert vis[:, 0].all() and vis.diagonal().all()  # every node sees the root and itself
+    other = bench.make_case(4, 40, 3, 100, layout, pool, seed=8)
+    assert not torch.equal(other["q"], case["q"])  # fresh seed, fresh inputs
+
+
+def test_make_case_rejects_a_pool_too_small(pool):
+    with pytest.raises(ValueError, match="pool"):
+        bench.make_case(1, 4, 8, 1000, "scattered", pool, seed=0)
+    with pytest.raises(ValueError, match="layout"):
+        bench.make_case(1, 4, 1, 10, "paged", pool, seed=0)
+
+
+def test_floor_matches_design_table():
+    # DESIGN 3b, floor column at 4244 GB/s and 788 TFLOP/s
+    for (H, T, B, L), want_ms in [((8, 16, 1, 32768), 0.012), ((8, 16, 1, 131072), 0.046),
+                                  ((64, 16, 8, 32768), 0.74), ((64, 64, 8, 131072), 11.9)]:
+        got = roofline.floor_seconds(roofline.Shape(H, T, B, L), 4.244e12, 7.88e14) * 1e3
+        assert got == pytest.approx(want_ms, rel=0.06)
+
+
+def test_roofline_counts_and_cli(capsys):
+    s = roofline.Shape(8, 4, 1, 4096)
+    assert roofline.flops(s) == 2 * 8 * 4 * 4100 * 1088
+    assert roofline.bytes_moved(s) >= 4100 * 1152 + 4 * 8 * 2176
+    roofline.main(["--bw", "4.3e12", "--flops", "7.88e14", "--quick"])
+    table = capsys.readouterr().out
+    assert table.count("\n| ") == 1 + len(roofline.grid(True))
+    assert "bandwidth" in table and "tensor core" in table
+
+
+def test_grids():
+    full, quick = bench.bench_grid(False), bench.bench_grid(True)
+    assert len(full) == 4 * 4 * 2 * 3 + 2 * 2 * 3 and len(set(full)) == len(full)
+    assert set(quick) <= set(full) and len(quick) == 8
+    assert max(s.T for s in full) == 1024 and {s.L for s in full} == {4096, 32768, 131072}
+
+
+class _HostEvent:
+    """Stands in for torch.cuda.Event on the CPU (work is synchronous there)."""
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def _broken(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
+    out = tree_verify_mla_naive(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out)
+    return out.mul_(-1)
+
+
+def _slow(*args, out=None, lse=None):
+    time.sleep(0.3)
+    return tree_verify_mla_naive(*args, out=out)
+
+
+def test_bench_config_checks_skips_and_times(pool, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "SKIP_SECONDS", 0.2)
+    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.02)
+    fns = {"naive": tree_verify_mla_naive, "broken": _broken, "slow": _slow}
+    model = bench._CostModel()
+    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", fns, pool, 1e12, 1e14,
+                              seed=3, model=model, flush=lambda: None)
+    by = {r["impl"]: r for r in rows}
+    assert by["naive"]["status"] == "ok" and by["naive"]["check"] == "anchor"
+    assert by["naive"]["reps"] >= bench.MIN_REPS and by["naive"]["min_ms"] <= by["naive"]["median_ms"]
+    assert by["broken"]["status"] == "disagree" and by["broken"]["rel_l2"] > 1.0
+    assert by["slow"]["status"] == "skipped" and by["slow"]["reps"] == 1
+    # with a second measurement the cost model predicts `slow` over the limit: it is not called again
+    calls = []
+
+    def counted_slow(*args, **kwargs):
+        calls.append(1)
+        return _slow(*args, **kwargs)
+
+    model.add("slow", roofline.Shape(2, 8, 2, 64), 0.3)
+    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "contiguous", {"naive": tree_verify_mla_naive,
+                              "slow": counted_slow}, pool, 1e12, 1e14, seed=4, model=model, flush=lambda: None)
+    by = {r["impl"]: r for r in rows}
+    assert by["slow"]["status"] == "skipped" and "cost model" in by["slow"]["note"] and not calls
+    assert by["naive"]["status"] == "ok" and by["naive"]["check"].startswith("unchecked")
+
+
+def _synthetic_rows():
+    rows = []
+    for s in [roofline.Shape(8, 16, 1, 4096), roofline.Shape(8, 16, 1, 32768), roofline.Shape(64, 256, 8, 131072)]:
+        floor = roofline.floor_seconds(s, 4.2e12, 7.9e14)
+        for layout in bench.LAYOUTS:
+            for impl, slowdown in (("cuda", 1.5), ("triton", 60.0), ("naive", 8.0)):
+                med = floor * slowdown
+                row = dict(H=s.H, T=s.T, B=s.B, L=s.L, layout=layout, impl=impl, label=s.label,
+                           floor_ms=floor * 1e3, bytes=roofline.bytes_moved(s), flops=roofline.flops(s),
+                           status="ok", note="", median_ms=med * 1e3, min_ms=med * 900, max_ms=med * 1200,
+                           reps=5, gbps=1.0, tflops=1.0, fraction=1 / slowdown)
+                if impl == "triton" and s.L == 131072:
+                    row = {k: v for k, v in row.items() if k not in ("median_ms", "fraction")}
+                    row.update(status="skipped", note="est. 3.4 s/call > 2 s (cost model)")
+                if impl == "naive" and s.L == 32768 and layout == "scattered":
+                    row.update(status="disagree", note="rel-L2 0.3 vs cuda > 0.02")
+                rows.append(row)
+    return rows
+
+
+def test_write_report_from_synthetic_rows(tmp_path):
+    rows = _synthetic_rows()
+    facts = dict(gpu="NVIDIA H200", sm="9.0", driver="580.1", torch="2.11", triton="3.6", nvcc="13.0",
+                 git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.kernels.bench",
+                 copy_bytes_per_s=4.2e12, bf16_flops_per_s=7.9e14, not_run=["H128 T1024 B1 L128k scattered"],
+                 impl_errors={})
+    paths = bench.write_report(rows, facts, tmp_path / "out")
+    assert [p.name for p in paths] == ["bench.json", "bench.md", "bench_time.png", "bench_roofline.png"]
+    data = json.loads(paths[0].read_text())
+    assert data["facts"]["gpu"] == "NVIDIA H200" and len(data["rows"]) == len(rows)
+    md = paths[1].read_text()
+    assert "## scattered slots" in md and "## contiguous slots" in md
+    assert md.count("\n| 8 | 16 | 1 | 4k |") == 2 and "## every row" in md
+    assert "skipped (est. 3.4 s/call" in md and "✗" in md and "40.0×" in md
+    assert "Not run (time budget spent): 1 configs" in md
+    for png in paths[2:]:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_cli_without_gpu_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--quick"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
