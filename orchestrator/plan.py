@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -129,13 +130,23 @@ def read_plan_spec(root: Path) -> PlanSpec:
                             + format_validation_error(exc, "tool.orchestrate")) from None
 
 
+def _spec_error_at_import(module_name: str, exc: ValidationError) -> PlanLoadError:
+    """A spec built in Python failed inside one model: name that model and the module's line."""
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.endswith(module_name.replace(".", "/") + ".py") or \
+                frame.filename.endswith(module_name.replace(".", "/") + "/__init__.py"):
+            where = f" ({frame.filename}:{frame.lineno})"
+    return PlanLoadError(f"phase module {module_name}: bad SPEC{where}:\n"
+                         + format_validation_error(exc, exc.title))
+
+
 def load_phase(module_name: str) -> Phase:
     """Import a phase module and validate its SPEC and CHECKS."""
     try:
         module = importlib.import_module(module_name)
     except ValidationError as exc:
-        raise PlanLoadError(f"phase module {module_name}: bad SPEC:\n"
-                            + format_validation_error(exc)) from None
+        raise _spec_error_at_import(module_name, exc) from None
     except ImportError as exc:
         raise PlanLoadError(f"phase module {module_name} cannot be imported: {exc}") from None
     spec = getattr(module, "SPEC", None)

@@ -1,0 +1,125 @@
+"""Run records on disk, the run lock (live holder refused, dead holder taken over), input globs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from kdtree.orchestrator.inputs import glob_regex, match_inputs
+from kdtree.orchestrator.lock import RunLock
+from kdtree.orchestrator.specs import RunRecord
+
+
+def test_record_has_everything_design_5_lists(project):
+    project.cli("run", "p1", "--device", "cpu")
+    (path,) = project.records("p1")
+    rec = json.loads(path.read_text())
+    assert path.stem == rec["run_id"]
+    for key in ("spec_hash", "spec", "inputs_hash", "git", "device", "versions", "started_at",
+                "ended_at", "forced", "partial", "results"):
+        assert key in rec
+    assert rec["git"]["sha"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.root,
+                                               capture_output=True, text=True).stdout.strip()
+    assert rec["versions"]["python"]
+    assert rec["spec"]["gates"][0]["thresholds"][0]["value"] == 3.0
+    fig = rec["results"][0]["figures"][0]
+    assert (fig["value"], fig["op"], fig["threshold"]) == (4.2, ">=", 3.0)
+    assert RunRecord.model_validate(rec).state.value == "passed"
+
+
+def test_record_model_forbids_unknown_fields(project):
+    project.cli("run", "p1", "--device", "cpu")
+    rec = json.loads(project.records("p1")[0].read_text())
+    rec["surprise"] = 1
+    with pytest.raises(ValidationError, match="surprise"):
+        RunRecord.model_validate(rec)
+
+
+def test_damaged_record_is_reported_with_its_path(project):
+    project.cli("run", "p1", "--device", "cpu")
+    (path,) = project.records("p1")
+    path.write_text("{ not json")
+    res = project.cli("status", expect=2)
+    assert path.name in res.stderr and "damaged" in res.stderr
+
+
+def test_history_lists_runs_with_figures(project):
+    project.cli("run", "p1", "--device", "cpu")
+    project.knobs(p1={"speed": "fail"})
+    project.cli("run", "p1", "--device", "cpu", expect=1)
+    runs = json.loads(project.cli("history", "p1", "--json").stdout)
+    assert [r["state"] for r in runs] == ["passed", "failed"]
+    text = project.cli("history", "p1").stdout
+    assert "speedup 4.2x >= 3x" in text and "speedup 1.5x >= 3x (miss)" in text
+    assert text.index("4.2x") < text.index("1.5x")
+
+
+_HOLDER = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}).encode())
+print("held", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_live_lock_holder_refuses_a_second_run(project):
+    lock = project.root / "plans" / "results" / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = project.cli("run", "p1", "--device", "cpu", expect=2)
+        assert f"pid {holder.pid}" in res.stderr and "another orchestrate run" in res.stderr
+        assert project.records("p1") == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stale_lock_from_a_dead_process_is_taken_over(project):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = project.root / "plans" / "results" / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    import socket
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": "earlier"}))
+    res = project.cli("run", "p1", "--device", "cpu", expect=0)
+    assert "taking over a stale lock" in res.stderr and f"pid {dead.pid}" in res.stderr
+    assert len(project.records("p1")) == 1
+    assert not lock.exists()
+
+
+def test_lock_is_exclusive_within_a_process(tmp_path):
+    with RunLock(tmp_path / ".lock"):
+        with pytest.raises(Exception, match=f"pid {os.getpid()}"):
+            RunLock(tmp_path / ".lock").acquire()
+    with RunLock(tmp_path / ".lock"):
+        pass
+
+
+@pytest.mark.parametrize("pattern, path, hit", [
+    ("kernels/**/*.py", "kernels/a.py", True),
+    ("kernels/**/*.py", "kernels/x/y/a.py", True),
+    ("kernels/**/*.py", "kernels/a.cu", False),
+    ("kernels/**/*.py", "kernelsx/a.py", False),
+    ("kernels/csrc/**", "kernels/csrc/x/k.cu", True),
+    ("kernels/csrc/**", "kernels/other.cu", False),
+    ("phases/phase1_kernel.py", "phases/phase1_kernel.py", True),
+    ("phases/*.py", "phases/sub/a.py", False),
+    ("src/?.txt", "src/a.txt", True),
+])
+def test_glob_semantics(pattern, path, hit):
+    assert bool(glob_regex(pattern).match(path)) is hit
+
+
+def test_match_inputs_is_the_union_of_globs():
+    files = ["b/x.py", "a/y.py", "c/z.txt"]
+    assert match_inputs(files, ["a/**", "b/*.py"]) == ["b/x.py", "a/y.py"]
