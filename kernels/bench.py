@@ -51,6 +51,7 @@ SKIP_SECONDS = 2.0
 TARGET_SECONDS = 0.3  # timed work per config and implementation
 MIN_REPS, MAX_REPS = 5, 200
 INPUT_SETS = 3
+FLUSH_BYTES = 256 * 2**20  # written before every timed call: larger than any GPU's L2
 SM_SCALE = 1.0 / math.sqrt(192.0)  # DeepSeek-V3's qk_head_dim
 ROW_BYTES = 576 * 2
 DEFAULT_OUT = "plans/results/phase1"
@@ -186,7 +187,12 @@ def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class _CostModel:
-    """seconds ≈ c * H*T*(L+T)*B per implementation, c fitted from the configs measured so far."""
+    """seconds ≈ c * H*T*(L+T)*B per implementation, c fitted from the configs measured so far.
+
+    c is the smallest ratio seen (the best-utilised config), so the estimate is optimistic and a
+    config is only left out unmeasured when even that rate would take over the limit; small
+    configs pay launch overhead and padded tree blocks that large ones do not.
+    """
 
     def __init__(self):
         self.ratios: dict = {}
@@ -200,7 +206,7 @@ class _CostModel:
 
     def predict(self, impl: str, s: Shape) -> Optional[float]:
         ratios = self.ratios.get(impl, [])
-        return _median(ratios) * self.work(s) if len(ratios) >= 2 else None
+        return min(ratios) * self.work(s) if len(ratios) >= 2 else None
 
 
 def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: float, rate: float,
@@ -268,8 +274,9 @@ def _run(cmd: list[str]) -> Optional[str]:
         return None
 
 
-def machine_facts(bw: float, rate: float, argv: list[str]) -> dict:
-    props = torch.cuda.get_device_properties(0)
+def machine_facts(bw: float, rate: float, argv: list[str], device="cuda") -> dict:
+    """GPU, versions, git state, date and command line of this run."""
+    props = torch.cuda.get_device_properties(device) if torch.device(device).type == "cuda" else None
     try:
         import triton
         triton_version = triton.__version__
@@ -278,8 +285,9 @@ def machine_facts(bw: float, rate: float, argv: list[str]) -> dict:
     nvcc = _run(["nvcc", "--version"])
     repo = Path(__file__).resolve().parents[1]
     return dict(
-        gpu=props.name, sm=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
-        memory_gb=props.total_memory / 2**30,
+        gpu=props.name if props else None, sm=f"{props.major}.{props.minor}" if props else None,
+        sms=props.multi_processor_count if props else None,
+        memory_gb=props.total_memory / 2**30 if props else None,
         driver=_run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
         torch=torch.__version__, cuda=torch.version.cuda, triton=triton_version,
         nvcc=nvcc.splitlines()[-1] if nvcc else None, python=platform.python_version(),
@@ -448,15 +456,20 @@ def load_impls(names: list[str]) -> dict:
     return fns
 
 
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def prepare(fns: dict, pool: torch.Tensor, log=print) -> dict:
     """Call each implementation once on a small case (builds / compiles); drop those that fail."""
-    case = make_case(8, 16, 1, 4096, "scattered", pool, seed=1)
+    case = make_case(8, 16, 1, min(4096, pool.shape[0] - 16), "scattered", pool, seed=1)
     errors = {}
     for name in list(fns):
         t0 = time.time()
         try:
             fns[name](*case_args(case))
-            torch.cuda.synchronize()
+            _sync(pool.device)
             log(f"{name}: ready in {time.time() - t0:.1f} s")
         except Exception as exc:  # noqa: BLE001 - reported, the others still run
             errors[name] = f"{type(exc).__name__}: {exc}"[:500]
@@ -476,16 +489,16 @@ def _progress(i: int, n: int, shape: Shape, layout: str, rows: list[dict], start
 
 
 def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb: float,
-        budget_s: float, argv: list[str], log=print) -> tuple[list[dict], dict]:
+        budget_s: float, argv: list[str], log=print, device="cuda") -> tuple[list[dict], dict]:
     """Measure the ceilings, then every (shape, layout); stop starting configs after budget_s."""
     started = time.time()
     fns = load_impls(impl_names)
-    bw, rate = measure_ceilings()
+    bw, rate = measure_ceilings(device)
     log(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    pool = make_pool(pool_gb)
+    pool = make_pool(pool_gb, device)
     log(f"pool: {pool.shape[0]} slots ({pool.numel() * 2 / 2**30:.1f} GiB)")
-    scratch = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # larger than any L2
-    facts = machine_facts(bw, rate, argv)
+    scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    facts = machine_facts(bw, rate, argv, device)
     impl_errors = prepare(fns, pool, log)
     facts.update(pool_slots=pool.shape[0], layouts=list(layouts), impls=list(fns), impl_errors=impl_errors,
                  not_run=[])

@@ -165,3 +165,42 @@ def test_cli_without_gpu_says_so(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--quick"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    """Run the benchmark driver on the CPU: host-clock events, cheap ceilings, a small L2 wipe."""
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "measure_ceilings", lambda device="cuda": (2e10, 5e11))
+    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 16)
+    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.005)
+
+
+def test_run_on_cpu_with_budget(host_clock):
+    log = []
+    shapes = [roofline.Shape(2, 8, 2, 64), roofline.Shape(1, 1, 1, 0)]
+    rows, facts = bench.run(["naive"], shapes, list(bench.LAYOUTS), pool_gb=0.002, budget_s=60,
+                            argv=["--impl", "naive"], log=log.append, device="cpu")
+    assert len(rows) == 4 and all(r["status"] == "ok" and r["reps"] >= bench.MIN_REPS for r in rows)
+    assert facts["copy_bytes_per_s"] == 2e10 and facts["command"].endswith("--impl naive")
+    assert facts["impls"] == ["naive"] and facts["not_run"] == [] and facts["impl_errors"] == {}
+    assert any(line.startswith("[4/4") for line in log)
+    rows, facts = bench.run(["naive"], shapes, ["scattered"], 0.002, budget_s=-1, argv=[], log=log.append,
+                            device="cpu")
+    assert rows == [] and facts["not_run"] == ["H2 T8 B2 L64 scattered", "H1 T1 B1 L0 scattered"]
+
+
+def test_main_writes_the_report(host_clock, monkeypatch, tmp_path):
+    import functools
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", functools.partial(bench.run, device="cpu"))
+    out = tmp_path / "res"
+    assert bench.main(["--quick", "--impl", "naive", "--filter", "H8 T16 B1 ", "--pool-gb", "0.05",
+                       "--layout", "both", "--out", str(out)]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert [(r["label"], r["layout"]) for r in data["rows"]] == [("H8 T16 B1 L32k", "scattered"),
+                                                                  ("H8 T16 B1 L32k", "contiguous")]
+    assert (out / "bench.md").exists() and (out / "bench_roofline.png").exists()
+    assert bench.main(["--filter", "no such shape"]) == 2
