@@ -227,7 +227,18 @@ def main():
     ap.add_argument("--splits", default="", help="comma list of forced split counts to sweep")
     ap.add_argument("--impl", action="append", default=None)
     ap.add_argument("--pool-gb", type=float, default=8.0)
+    ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
+    ap.add_argument("--profile", default="", help="H,T,B,L: only run that config a few times (for ncu)")
     args = ap.parse_args()
+    if args.profile:
+        H, T, B, L = (int(x) for x in args.profile.split(","))
+        from kdtree.kernels import tree_verify_mla
+
+        case = make_case(H, [(T, L)] * B, "random", 1, pool_slots=max(4 * B * (L + T), 1 << 20))
+        for _ in range(3):
+            call(tree_verify_mla, case)
+        torch.cuda.synchronize()
+        return
     report = {"device": torch.cuda.get_device_name(), "cap": torch.cuda.get_device_capability(),
               "torch": torch.__version__, "python": platform.python_version()}
     try:
@@ -243,7 +254,7 @@ def main():
     print(f"build {report['build_s']:.1f}s", flush=True)
     from kdtree.kernels import tree_verify_mla
 
-    rows = check_correctness(tree_verify_mla, trials=1 if args.quick else 2)
+    rows = [] if args.time_only else check_correctness(tree_verify_mla, trials=1 if args.quick else 2)
     report["correctness"] = rows
     for r in rows:
         print(f"{'ok ' if r['ok'] else 'BAD'} {r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
@@ -251,6 +262,7 @@ def main():
     bw, fl = measure_ceilings()
     report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
     print(f"copy {bw / 1e9:.0f} GB/s  matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
+    print("nvcc flags:", os.environ.get("KDTREE_NVCC_FLAGS", ""), flush=True)
     slots = int(args.pool_gb * 1e9 / ROW_BYTES)
     pool = torch.empty(slots, 576, dtype=torch.bfloat16, device="cuda").normal_(0, 0.5)
     names = args.impl or ["cuda", "naive", "triton"]

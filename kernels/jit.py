@@ -33,6 +33,11 @@ MODULE_NAME = "_tree_verify_mla"
 BASE_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr")
 
 
+def extra_flags() -> tuple[str, ...]:
+    """Experiment flags from $KDTREE_NVCC_FLAGS (e.g. -DKD_SKIP=1); part of the cache key."""
+    return tuple(os.environ.get("KDTREE_NVCC_FLAGS", "").split())
+
+
 class JitError(RuntimeError):
     """The extension cannot be built or loaded; the message says what is missing."""
 
@@ -104,7 +109,7 @@ def cache_root() -> Path:
 
 def build_key(archs: Sequence[str], nvcc: str) -> str:
     h = hashlib.sha256()
-    for part in (source_hash(), " ".join(BASE_FLAGS), ",".join(sorted(normalize_arch(a) for a in archs)),
+    for part in (source_hash(), " ".join(BASE_FLAGS + extra_flags()), ",".join(sorted(normalize_arch(a) for a in archs)),
                  nvcc_version(nvcc), sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version):
         h.update(part.encode())
         h.update(b"\0")
@@ -141,7 +146,7 @@ def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
         if so_path.exists():
             return so_path
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_root()))
-        cmd = [nvcc, *BASE_FLAGS, "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+        cmd = [nvcc, *BASE_FLAGS, *extra_flags(), "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                *[flag for a in archs for flag in gencode(a)],
                f"-I{CSRC}", f"-I{_pybind11_include()}", f"-I{_python_include()}",
                *[str(CSRC / s) for s in (*BINDING_SOURCES, *KERNEL_SOURCES)],
@@ -160,7 +165,7 @@ def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
     return so_path
 
 
-_loaded: dict[str, object] = {}
+_loaded: dict[str, object] = {}  # .so path -> module
 
 
 def load_extension(archs: Sequence[str]):
@@ -209,7 +214,7 @@ def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:
     arch = normalize_arch(arch)
     with tempfile.TemporaryDirectory(prefix="kdtree-build-") as tmp:
         obj = Path(tmp) / f"tree_verify_mla_{arch}.o"
-        cmd = [nvcc, *BASE_FLAGS, *gencode(arch), "-Xptxas", "-v", f"-I{CSRC}", "-c",
+        cmd = [nvcc, *BASE_FLAGS, *extra_flags(), *gencode(arch), "-Xptxas", "-v", f"-I{CSRC}", "-c",
                str(CSRC / "tree_verify_mla.cu"), "-o", str(obj)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         text = ""

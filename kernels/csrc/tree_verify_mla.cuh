@@ -24,6 +24,12 @@
 #include "mma_sm80.cuh"
 #include "tree_verify_mla_launch.h"
 
+// Measurement-only switch (never set in a real build): KD_SKIP bit 1 drops the QK MMAs, 2 the
+// softmax, 4 the PV MMAs, 8 the tile loads; timing the variants apportions the kernel's time.
+#ifndef KD_SKIP
+#define KD_SKIP 0
+#endif
+
 namespace kdtree {
 
 constexpr int kHeadDim = 576;
@@ -156,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
     const int tile_base = kbeg + it * kBlockN;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; everyone is done with tile it-1 (buffer buf^1, sP, sRed)
-    if (it + 1 < num_tiles) {
+    if (it + 1 < num_tiles && !(KD_SKIP & 8)) {
       issue_tile(buf ^ 1);
       if (it + 2 < num_tiles) fetch_slots(tile_base + 2 * kBlockN);
     }
@@ -175,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
       const __nv_bfloat16* kbase =
           tK + (kh * 16 + (mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
 #pragma unroll
-      for (int kk = 0; kk < kStepsPerSlice; ++kk) {
+      for (int kk = 0; kk < kStepsPerSlice && !(KD_SKIP & 1); ++kk) {
         uint32_t bf[4];
         ldmatrix_x4(bf, kbase + kk * 16);
 #pragma unroll
@@ -199,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
     __syncthreads();
 
     // ---- softmax over the tile: mask, running max / sum, P in bf16 ----
-    {
+    if (!(KD_SKIP & 2)) {
       float s[KPT];
 #pragma unroll
       for (int k = 0; k < KPT; ++k) s[k] = 0.f;
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
       }
       const int mi = lane >> 3;
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kBlockN / 16 && !(KD_SKIP & 4); ++kk) {
         uint32_t pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
