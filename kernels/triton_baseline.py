@@ -34,9 +34,9 @@ def _build_kernel():
     try:
         import triton
         import triton.language as tl
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError("tree_verify_mla_triton needs triton (pip install triton); "
-                           f"importing it failed: {exc}") from exc
+    except ImportError as exc:
+        raise ImportError("tree_verify_mla_triton needs triton (pip install triton); "
+                          f"importing it failed: {exc}") from exc
 
     # DOT_F32 is set only under the interpreter: triton's interpreter (3.8 at least) multiplies
     # the raw uint16 bit patterns in a bf16 tl.dot, so operands are widened there first (exact:
