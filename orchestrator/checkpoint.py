@@ -29,14 +29,12 @@ from typing import Optional
 from kdtree.orchestrator.changelog import update_changelog
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.gitinfo import in_progress_operation, open_repo
+from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.render import write_plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
 from kdtree.orchestrator.state import PhaseStatus, plan_status
 from kdtree.orchestrator.views import gate_line
-
-LOCK_NAME = ".lock"
-
 
 @dataclass
 class CheckpointResult:

@@ -37,9 +37,9 @@ class Ctx:
         return self._plan
 
     def lock(self):
-        from kdtree.orchestrator.lock import RunLock  # noqa: PLC0415
+        from kdtree.orchestrator.lock import LOCK_NAME, RunLock  # noqa: PLC0415
 
-        return RunLock(self.plan.results_path / ".lock", warn=lambda m: click.echo(m, err=True))
+        return RunLock(self.plan.results_path / LOCK_NAME, warn=lambda m: click.echo(m, err=True))
 
 
 class _Group(click.Group):
@@ -95,13 +95,29 @@ def _exit_code_of(state) -> int:
     return {PhaseState.PASSED: 0, PhaseState.INCOMPLETE: EXIT_INCOMPLETE}.get(state, EXIT_NOT_PASSED)
 
 
-def _render_after_run(plan) -> None:
+def _check_plan_markers(plan) -> None:
+    """Refuse before any gate runs if the plan markdown's blocks are damaged."""
+    from kdtree.orchestrator.markers import check_names, find_blocks  # noqa: PLC0415
+    from kdtree.orchestrator.render import block_names  # noqa: PLC0415
+
+    if plan.markdown_path.exists():
+        with open(plan.markdown_path, encoding="utf-8", newline="") as fh:
+            blocks = find_blocks(fh.read(), plan.spec.markdown)
+        check_names(blocks, block_names(plan), plan.spec.markdown)
+
+
+def _render_after_run(plan, record) -> None:
+    from kdtree.orchestrator.markers import MarkerError  # noqa: PLC0415
     from kdtree.orchestrator.render import write_plan  # noqa: PLC0415
 
     if not plan.markdown_path.exists():
         click.echo(f"warning: the plan markdown {plan.spec.markdown} does not exist; not rendered", err=True)
         return
-    if write_plan(plan):
+    try:
+        changed = write_plan(plan)
+    except MarkerError as exc:
+        raise Refusal(f"run {record.run_id} was recorded, but the plan was not rendered: {exc}") from None
+    if changed:
         click.echo(f"rendered {plan.spec.markdown}")
 
 
@@ -126,7 +142,7 @@ def _print_checkpoint(res) -> None:
 @click.option("--gate", "gates", multiple=True, metavar="NAME",
               help="Run only this gate (repeatable). The run is recorded as partial and does not decide the phase's state.")
 @click.option("--commit", is_flag=True, help="Make a checkpoint commit after the run.")
-@click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (recorded).")
+@click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (the run records what it overrode).")
 @click.pass_obj
 def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool) -> None:
     """Run PHASE's gates, record the run and re-render the plan.
@@ -144,6 +160,7 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
         raise Refusal("--commit needs a full run: a checkpoint reports the phase's latest full run; "
                       "drop --gate, or run `orchestrate checkpoint --commit` later")
     plan = obj.plan
+    _check_plan_markers(plan)
     with obj.lock():
         if phase is not None:
             plan.phase(phase)
@@ -170,7 +187,7 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
                        + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
             if record.inputs_changed_during_run:
                 click.echo(f"warning: {phase_id}'s input files changed during the run; it is stale", err=True)
-            _render_after_run(plan)
+            _render_after_run(plan, record)
             if commit:
                 from kdtree.orchestrator.checkpoint import checkpoint  # noqa: PLC0415
 

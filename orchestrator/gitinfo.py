@@ -19,8 +19,8 @@ def open_repo(root: Path):
         raise Refusal(f"{root} is not a git repository; run inside one or pass --repo PATH") from None
 
 
-def git_info(root: Path, is_git: bool) -> GitInfo:
-    """HEAD's sha, whether the tree is dirty (untracked files count), and the branch."""
+def git_info(root: Path, is_git: bool, ignore: tuple[str, ...] = ()) -> GitInfo:
+    """HEAD's sha, whether the tree is dirty (untracked files count, ``ignore`` paths do not), and the branch."""
     if not is_git:
         return GitInfo()
     repo = open_repo(root)
@@ -29,7 +29,8 @@ def git_info(root: Path, is_git: bool) -> GitInfo:
     except ValueError:  # no commit yet
         sha = None
     branch = None if repo.head.is_detached else repo.active_branch.name
-    return GitInfo(sha=sha, dirty=repo.is_dirty(untracked_files=True), branch=branch)
+    dirty = repo.is_dirty(untracked_files=False) or any(f not in ignore for f in repo.untracked_files)
+    return GitInfo(sha=sha, dirty=dirty, branch=branch)
 
 
 def in_progress_operation(repo) -> Optional[str]:

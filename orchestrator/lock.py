@@ -18,6 +18,8 @@ from typing import Callable, Optional
 
 from kdtree.orchestrator.errors import Refusal
 
+LOCK_NAME = ".lock"  # in the plan's results folder
+
 
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists on this host."""

@@ -19,6 +19,7 @@ from kdtree.orchestrator import device as device_facts
 from kdtree.orchestrator.errors import Refusal, RunInterrupted
 from kdtree.orchestrator.gitinfo import git_info
 from kdtree.orchestrator.inputs import InputsIndex
+from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.specs import DeviceInfo, RunRecord, Versions, state_of
 from kdtree.orchestrator.state import blockers, describe_blockers, plan_status
@@ -74,7 +75,7 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
 
     resolved = device_facts.resolve_device(device)
     dev, vers = machine or (device_facts.device_info(resolved), device_facts.versions())
-    git = git_info(plan.root, plan.is_git)
+    git = git_info(plan.root, plan.is_git, ignore=(f"{plan.spec.results_dir}/{LOCK_NAME}",))
     globs = list(phase.spec.inputs)
     inputs_hash, n_files = InputsIndex(plan.root, plan.is_git).hash_of(globs)
     started = datetime.now(timezone.utc)

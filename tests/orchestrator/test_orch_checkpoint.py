@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import CHANGELOG, git
+from orch_project import CHANGELOG, git
 
 
 def _trailers(project) -> dict[str, str]:

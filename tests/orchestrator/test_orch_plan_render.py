@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kdtree.orchestrator.markers import MarkerError, find_blocks, replace_blocks
-from conftest import PLAN_MD
+from orch_project import PLAN_MD
 
 
 def _outside_blocks(text: str) -> list[str]:
@@ -88,8 +88,9 @@ def test_damaged_markers_are_errors_with_line_numbers_and_nothing_is_written(pro
     assert f"plans/plan.md:{line}:" in res.stderr and words in res.stderr
     assert project.plan_path.read_text(encoding="utf-8") == damaged
     res = project.cli("run", "p1", "--device", "cpu", expect=2)
-    assert "plans/plan.md" in res.stderr
+    assert f"plans/plan.md:{line}:" in res.stderr
     assert project.plan_path.read_text(encoding="utf-8") == damaged
+    assert project.records("p1") == []  # refused before any gate ran
 
 
 def test_missing_block_is_an_error(project):

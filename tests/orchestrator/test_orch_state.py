@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_project
+from orch_project import make_project
 
 
 def test_pending_before_any_run(project):

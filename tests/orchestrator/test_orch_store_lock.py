@@ -26,6 +26,8 @@ def test_record_has_everything_design_5_lists(project):
         assert key in rec
     assert rec["git"]["sha"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=project.root,
                                                capture_output=True, text=True).stdout.strip()
+    assert rec["git"]["dirty"] is False  # the held run lock does not count as a change
+    assert rec["git"]["branch"] == "main"
     assert rec["versions"]["python"]
     assert rec["spec"]["gates"][0]["thresholds"][0]["value"] == 3.0
     fig = rec["results"][0]["figures"][0]
