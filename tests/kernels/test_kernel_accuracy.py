@@ -1,5 +1,5 @@
-"""The shared accuracy suite: every implementation in `impls.IMPLS` on every case of
-`treecases.CASES`, against the fp64 dense oracle, on fresh random inputs (the seed is printed
+"""The shared accuracy suite: every implementation in `kernel_impls.IMPLS` on every case of
+`kernel_cases.CASES`, against the fp64 dense oracle, on fresh random inputs (the seed is printed
 on failure; pin it with KDTREE_TEST_SEED). Outputs are NaN-poisoned before the call and must be
 fully written. Implementations that cannot run in this process (no GPU; triton without a GPU
 outside the interpreter) get one skipped placeholder saying why.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls import IMPLS
-from treecases import BASE_SEED, CASES, build, case_seed, dense_truth
+from kernel_cases import BASE_SEED, CASES, build, case_seed, dense_truth
+from kernel_impls import IMPLS
 
 
 def _params():

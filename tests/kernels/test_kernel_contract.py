@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impls import IMPLS
 from kdtree.kernels.contract import validate
-from treecases import CASES, build
+from kernel_cases import CASES, build
+from kernel_impls import IMPLS
 
 _CASE = next(c for c in CASES if c.name == "mixed-B4-H3")  # 4 requests, T_b 5/1/40/33, 2 mask words
 

@@ -4,7 +4,7 @@ Adding one is one line in IMPLS, e.g. the CUDA kernel:
 
     Impl("cuda", "kdtree.kernels:tree_verify_mla", torch.bfloat16, rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True),
 
-Bounds are against the fp64 dense oracle of `treecases.dense_truth` computed from the same
+Bounds are against the fp64 dense oracle of `kernel_cases.dense_truth` computed from the same
 (rounded) inputs: ``rel_l2`` on ‖out − truth‖/‖truth‖, ``max_abs`` on max|out − truth| / max|truth|,
 ``lse_abs`` on max|lse − truth|.
 """
@@ -48,7 +48,7 @@ class Impl:
         if self.gpu:
             return "needs a CUDA GPU"
         return ("triton without a GPU runs only under TRITON_INTERPRET=1 "
-                "(test_triton_interpreted.py runs these cases in a child process)")
+                "(test_kernel_triton_interpreted.py runs these cases in a child process)")
 
     def runs_case(self, case) -> bool:
         """The interpreter is slow: on CPU the Triton baseline gets the tiny cases only."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kdtree.kernels import naive, triton_baseline
-from treecases import CASES, build, dense_truth
+from kernel_cases import CASES, build, dense_truth
 
 
 def test_naive_in_chunks_of_tree_nodes(monkeypatch):

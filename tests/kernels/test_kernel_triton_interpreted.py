@@ -6,7 +6,7 @@ leaks into everything else in the process. Setting it here would depend on impor
 would silently turn the Triton baseline into the interpreter for every later test, including
 GPU ones. A child gets the variable before it imports anything, so the choice is certain on any
 triton version and this process is untouched. The child runs only the Triton parameters of
-test_kernel_accuracy.py (the tiny cases, see `treecases.Case.tiny`) with this session's seed, and
+test_kernel_accuracy.py (the tiny cases, see `kernel_cases.Case.tiny`) with this session's seed, and
 its output is shown on failure. To run them directly:
 ``TRITON_INTERPRET=1 pytest tests/kernels/test_kernel_accuracy.py -k triton``.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import treecases
+import kernel_cases
 
 HERE = Path(__file__).resolve().parent
 
@@ -30,11 +30,11 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     reason="this process already interprets triton: test_kernel_accuracy runs the cases")
 def test_triton_baseline_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", KDTREE_TEST_SEED=str(treecases.BASE_SEED))
+    env = dict(os.environ, TRITON_INTERPRET="1", KDTREE_TEST_SEED=str(kernel_cases.BASE_SEED))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton",
            str(HERE / "test_kernel_accuracy.py")]
     child = subprocess.run(cmd, cwd=HERE.parents[1], env=env, capture_output=True, text=True, timeout=600)
     report = child.stdout[-6000:] + child.stderr[-3000:]
     assert child.returncode == 0, f"interpreted Triton cases failed (rc {child.returncode}):\n{report}"
-    expected = sum(case.tiny for case in treecases.CASES) + 1  # + test_allocates_out_when_none_given
+    expected = sum(case.tiny for case in kernel_cases.CASES) + 1  # + test_allocates_out_when_none_given
     assert f"{expected} passed" in child.stdout, f"expected {expected} interpreted cases to pass:\n{report}"
