@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from kdtree.kernels import bench, roofline
+from kdtree.kernels import bench, bench_report, roofline
 from kdtree.kernels.masks import unpack_bool_rows
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.kernels.reference import tree_verify_mla_reference
@@ -148,7 +148,7 @@ def test_write_report_from_synthetic_rows(tmp_path):
                  git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.kernels.bench",
                  copy_bytes_per_s=4.2e12, bf16_flops_per_s=7.9e14, not_run=["H128 T1024 B1 L128k scattered"],
                  impl_errors={})
-    paths = bench.write_report(rows, facts, tmp_path / "out")
+    paths = bench_report.write_report(rows, facts, tmp_path / "out")
     assert [p.name for p in paths] == ["bench.json", "bench.md", "bench_time.png", "bench_roofline.png"]
     data = json.loads(paths[0].read_text())
     assert data["facts"]["gpu"] == "NVIDIA H200" and len(data["rows"]) == len(rows)
@@ -159,6 +159,11 @@ def test_write_report_from_synthetic_rows(tmp_path):
     assert "Not run (time budget spent): 1 configs" in md
     for png in paths[2:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_write_report_with_no_rows(tmp_path):
+    paths = bench_report.write_report([], {"not_run": ["H8 T4 B1 L4k scattered"]}, tmp_path)
+    assert all(p.exists() for p in paths) and "Not run" in paths[1].read_text()
 
 
 def test_cli_without_gpu_says_so(capsys, monkeypatch):
