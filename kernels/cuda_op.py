@@ -24,20 +24,43 @@ MAX_SPLITS = 1024
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How one call is cut up: KV splits per request, rows per CTA (16 * m_tiles), grid rows."""
+    """How one call is cut up: KV splits per request, kernel variant, grid rows per request.
+
+    `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
+    kernel (32 rows per CTA, bulk-copy producer warp; sm_90 and newer).
+    """
 
     num_splits: int
-    m_tiles: int
+    variant: int
     grid_y: int
+
+    @property
+    def block_m(self) -> int:
+        return 16 if self.variant == 1 else 32
+
+
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3}
+
+
+def choose_variant(rows_per_request: float, capability: tuple[int, int]) -> int:
+    """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel."""
+    forced = os.environ.get("KDTREE_VARIANT")
+    if forced:
+        if forced not in VARIANTS:
+            raise ValueError(f"KDTREE_VARIANT={forced!r}: expected one of {sorted(VARIANTS)}")
+        return VARIANTS[forced]
+    if rows_per_request <= 16:
+        return 1
+    return 3 if capability >= (9, 0) else 2
 
 
 def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
-                sm_count: int) -> LaunchPlan:
-    """Choose splits and tile height from shapes (see module docstring)."""
+                sm_count: int, capability: tuple[int, int] = (9, 0)) -> LaunchPlan:
+    """Choose the variant, splits and grid from shapes (see module docstring)."""
     total_rows = num_rows * num_heads
     rows_per_request = total_rows / batch
-    m_tiles = 1 if rows_per_request <= 16 else 2
-    block_m = 16 * m_tiles
+    variant = choose_variant(rows_per_request, capability)
+    block_m = 16 if variant == 1 else 32
     max_tree = min(num_rows, 32 * mask_words)
     grid_y = math.ceil(max_tree * num_heads / block_m)
     ctas = batch * math.ceil(rows_per_request / block_m)
@@ -53,7 +76,7 @@ def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_
     splits = max(1, min(splits, MAX_SPLITS, WORKSPACE_ROWS // total_rows or 1))
     if total_rows > WORKSPACE_ROWS:
         splits = 1
-    return LaunchPlan(num_splits=splits, m_tiles=m_tiles, grid_y=grid_y)
+    return LaunchPlan(num_splits=splits, variant=variant, grid_y=grid_y)
 
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -108,12 +131,12 @@ def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: tor
         if out is None:
             out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
         plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
-                           kv_indices.numel(), sm_count)
+                           kv_indices.numel(), sm_count, torch.cuda.get_device_capability(index))
         ws_o, ws_lse = _workspace(index, q.device)
         ext.run(q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
                 kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
                 lse.data_ptr() if lse is not None else 0, ws_o.data_ptr(), ws_lse.data_ptr(),
                 problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
-                plan.num_splits, plan.grid_y, plan.m_tiles, float(sm_scale),
+                plan.num_splits, plan.grid_y, plan.variant, float(sm_scale),
                 torch.cuda.current_stream(q.device).cuda_stream)
     return out

@@ -191,6 +191,8 @@ def time_configs(configs, pool, bw, fl, names, budget_s=2.0, layouts=("scattered
                 if name not in fns:
                     continue
                 fn = fns[name]
+                out = call(fn, case)  # warm-up: JIT compile / autotune stay out of the estimate
+                torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 out = call(fn, case)
                 torch.cuda.synchronize()
@@ -227,6 +229,8 @@ def main():
     ap.add_argument("--splits", default="", help="comma list of forced split counts to sweep")
     ap.add_argument("--impl", action="append", default=None)
     ap.add_argument("--pool-gb", type=float, default=8.0)
+    ap.add_argument("--variants", default="base16,base32,ws", help="kernel variants to check")
+    ap.add_argument("--time-variants", default="", help="also time these variants (comma list)")
     ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
     ap.add_argument("--profile", default="", help="H,T,B,L: only run that config a few times (for ncu)")
     args = ap.parse_args()
@@ -254,10 +258,15 @@ def main():
     print(f"build {report['build_s']:.1f}s", flush=True)
     from kdtree.kernels import tree_verify_mla
 
-    rows = [] if args.time_only else check_correctness(tree_verify_mla, trials=1 if args.quick else 2)
+    rows = []
+    for variant in ([] if args.time_only else args.variants.split(",")):
+        os.environ["KDTREE_VARIANT"] = variant
+        for r in check_correctness(tree_verify_mla, trials=1 if args.quick else 2):
+            rows.append(dict(r, variant=variant))
+    os.environ.pop("KDTREE_VARIANT", None)
     report["correctness"] = rows
     for r in rows:
-        print(f"{'ok ' if r['ok'] else 'BAD'} {r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
+        print(f"{'ok ' if r['ok'] else 'BAD'} {r['variant']:<7}{r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
               f"lse {r['lse_abs']:.2e} unwritten {r['unwritten']}", flush=True)
     bw, fl = measure_ceilings()
     report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
@@ -268,6 +277,14 @@ def main():
     names = args.impl or ["cuda", "naive", "triton"]
     configs = TIMING[:4] if args.quick else TIMING
     report["timing"] = time_configs(configs, pool, bw, fl, names)
+    if args.time_variants:
+        vs = []
+        for v in args.time_variants.split(","):
+            os.environ["KDTREE_VARIANT"] = v
+            print(f"-- variant={v}")
+            vs.append(dict(variant=v, rows=time_configs(configs, pool, bw, fl, ["cuda"])))
+        os.environ.pop("KDTREE_VARIANT")
+        report["variant_sweep"] = vs
     if args.splits:
         sweep = []
         for s in args.splits.split(","):

@@ -6,9 +6,9 @@ source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-.}
 NCU="ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy --section MemoryWorkloadAnalysis --section SchedulerStats -k regex:tree_verify_mla_kernel -c 1"
 $NCU python3 -m kdtree.kernels.devcheck --profile 64,64,8,32768 > "$OUT/ncu_compute.txt" 2>&1
-$NCU python3 -m kdtree.kernels.devcheck --profile 8,16,1,131072 > "$OUT/ncu_bandwidth.txt" 2>&1
+KDTREE_VARIANT=ws $NCU python3 -m kdtree.kernels.devcheck --profile 64,64,8,32768 > "$OUT/ncu_ws.txt" 2>&1
 grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|Eligible|Active Warps|Achieved|L2 Hit|L1/TEX Hit|Registers|Block Limit" "$OUT/ncu_compute.txt" | head -60
-echo ----; grep -E "Duration|DRAM Throughput|Memory Throughput|Stall|Warp Cycles|Eligible|L2 Hit" "$OUT/ncu_bandwidth.txt" | head -20
-for f in "" -DKD_SKIP=1 -DKD_SKIP=2 -DKD_SKIP=4 -DKD_SKIP=8 -DKD_SKIP=7; do
-  KDTREE_NVCC_FLAGS="$f" python3 -m kdtree.kernels.devcheck --time-only --quick --impl cuda --pool-gb 4 2>&1 | grep -E "nvcc flags|^H"
+echo ----; grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|Eligible|Achieved|L2 Hit" "$OUT/ncu_ws.txt" | head -40
+for f in ""; do
+  KDTREE_NVCC_FLAGS="$f" python3 -m kdtree.kernels.devcheck --out "$OUT" --time-variants base32,ws 2>&1 | grep -v "^ok "
 done

@@ -3,29 +3,40 @@
 #include <cuda_runtime.h>
 
 #include "tree_verify_mla.cuh"
+#include "tree_verify_mla_ws.cuh"
 #include "tree_verify_mla_launch.h"
 
 namespace kdtree {
 namespace {
 
-template <int MT>
-cudaError_t launch_mt(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
-  constexpr int smem = SmemLayout<MT>::total;
-  static bool configured[64] = {false};
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, int smem, int threads, const TreeVerifyParams& p, int grid_y,
+                          cudaStream_t stream, bool (&configured)[64]) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev < 64 && !configured[dev]) {
-    err = cudaFuncSetAttribute(tree_verify_mla_kernel<MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (dev >= 64 || !configured[dev]) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    configured[dev] = true;
+    if (dev < 64) configured[dev] = true;
   }
   dim3 grid(p.num_splits, grid_y, p.batch);
-  tree_verify_mla_kernel<MT><<<grid, kThreads, smem, stream>>>(p);
+  kernel<<<grid, threads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
   combine_splits_kernel<<<static_cast<unsigned>(p.total_rows), 128, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int MT>
+cudaError_t launch_mt(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
+  static bool configured[64] = {false};
+  return launch_kernel(tree_verify_mla_kernel<MT>, SmemLayout<MT>::total, kThreads, p, grid_y, stream, configured);
+}
+
+cudaError_t launch_ws(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
+  static bool configured[64] = {false};
+  return launch_kernel(tree_verify_mla_ws_kernel, ws::Smem::total, ws::kThreadsWS, p, grid_y, stream, configured);
 }
 
 }  // namespace
@@ -38,11 +49,15 @@ cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_
       return launch_mt<1>(p, grid_y, stream);
     case 2:
       return launch_mt<2>(p, grid_y, stream);
+    case 3:  // warp-specialised, 32 rows per CTA, sm_90+ (bulk copy + mbarrier)
+      return launch_ws(p, grid_y, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-int shared_bytes(int m_tiles) { return m_tiles == 1 ? SmemLayout<1>::total : SmemLayout<2>::total; }
+int shared_bytes(int m_tiles) {
+  return m_tiles == 1 ? SmemLayout<1>::total : m_tiles == 2 ? SmemLayout<2>::total : ws::Smem::total;
+}
 
 }  // namespace kdtree

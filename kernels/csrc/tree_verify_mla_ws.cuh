@@ -1,0 +1,299 @@
+// MLA tree-verify attention, warp-specialised variant ("ws"): one producer warp gathers KV rows
+// with the bulk copy engine (cp.async.bulk, one 1152-byte row per lane, completing on an
+// mbarrier) into a two-stage ring; two consumer groups of four warps each own 16 query rows and
+// run QK -> softmax -> PV on every tile with only group-local named barriers, so one group's
+// softmax overlaps the other's tensor-core work. Same tiling of the 576 dims as the base kernel
+// (four 144-dim QK slices per group, four 128-dim PV slices per group), same epilogue and split
+// partials, so combine_splits_kernel merges either.
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include "mma_sm80.cuh"
+#include "tree_verify_mla.cuh"
+#include "tree_verify_mla_launch.h"
+
+namespace kdtree {
+
+namespace ws {
+constexpr int kGroups = 2;
+constexpr int kGroupThreads = 128;
+constexpr int kConsumers = kGroups * kGroupThreads;  // 256
+constexpr int kThreadsWS = kConsumers + 32;          // + producer warp
+constexpr int kRows = 16;                            // per group
+constexpr int kTPR = kGroupThreads / kRows;          // 8 softmax threads per row
+constexpr int kKPT = kBlockN / kTPR;                 // 4 keys each
+constexpr int kStageBytes = kBlockN * kKRow * 2;
+struct Smem {
+  static constexpr int k_off = 0;
+  static constexpr int red_off = 2 * kStageBytes;
+  static constexpr int red_group = kDimSlices * kRows * kRedStride * 4;
+  static constexpr int p_off = red_off + kGroups * red_group;
+  static constexpr int p_group = kRows * kPStride * 2;
+  static constexpr int stats_off = p_off + kGroups * p_group;
+  static constexpr int bar_off = stats_off + kGroups * 3 * kRows * 4;
+  static constexpr int total = bar_off + 4 * 8;
+};
+static_assert(Smem::total <= 101376, "must fit sm_120's per-block shared memory");
+static_assert(Smem::bar_off % 8 == 0, "mbarriers need 8-byte alignment");
+}  // namespace ws
+
+__global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(const TreeVerifyParams p) {
+  using namespace ws;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem + Smem::k_off);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bar_off);
+  uint64_t* empty = full + 2;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
+  constexpr int BM = kGroups * kRows;
+
+  const int qo0 = p.qo_indptr[b];
+  const int T = p.qo_indptr[b + 1] - qo0;
+  const int rows = T * p.num_heads;
+  const int row0 = rb * BM;
+  if (T <= 0 || row0 >= rows) return;
+  const int kv0 = p.kv_indptr[b];
+  const int N = p.kv_indptr[b + 1] - kv0;
+  const int Lp = N - T;
+  if (Lp < 0) return;
+  int chunk = (N + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  const int kbeg = split * chunk;
+  const int kend = min(N, kbeg + chunk);
+  const int64_t grow0 = static_cast<int64_t>(qo0) * p.num_heads + row0;
+  if (kbeg >= kend) {
+    if (tid < BM && row0 + tid < rows) p.ws_lse[split * p.total_rows + grow0 + tid] = -CUDART_INF_F;
+    return;
+  }
+  const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
+
+  // Zero both stages once: rows past kend are never copied, and must hold finite values (P = 0).
+  for (int i = tid; i < 2 * kStageBytes / 16; i += kThreadsWS)
+    reinterpret_cast<uint4*>(sK)[i] = make_uint4(0u, 0u, 0u, 0u);
+  if (tid == 0) {
+    mbar_init(&full[0], 1);
+    mbar_init(&full[1], 1);
+    mbar_init(&empty[0], kConsumers / 32);
+    mbar_init(&empty[1], kConsumers / 32);
+    fence_mbarrier_init();
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  if (warp == kConsumers / 32) {
+    // ---------------- producer warp ----------------
+    const int32_t* idx = p.kv_indices + kv0;
+    int slot = kbeg + lane < kend ? __ldg(idx + kbeg + lane) : -1;
+    for (int it = 0; it < num_tiles; ++it) {
+      const int buf = it & 1;
+      const int base = kbeg + it * kBlockN;
+      const int next = base + kBlockN + lane;
+      const int slot_next = (it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
+      if (it >= 2) mbar_wait(&empty[buf], ((it >> 1) - 1) & 1);
+      const int valid = min(kBlockN, kend - base);
+      if (lane == 0) mbar_arrive_expect_tx(&full[buf], valid * kHeadDim * 2);
+      __syncwarp();
+      if (lane < valid)
+        bulk_copy_g2s(sK + buf * kBlockN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
+                      kHeadDim * 2, &full[buf]);
+      slot = slot_next;
+    }
+    return;
+  }
+
+  // ---------------- consumer groups ----------------
+  const int grp = warp >> 2, ks = warp & 3;
+  const int gt = tid & (kGroupThreads - 1);
+  const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3;
+  const int grow_base = row0 + grp * kRows;  // first row of this group (request-local)
+  float* sRed = reinterpret_cast<float*>(smem + Smem::red_off + grp * Smem::red_group);
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + Smem::p_off + grp * Smem::p_group);
+  float* sAlpha = reinterpret_cast<float*>(smem + Smem::stats_off) + grp * 3 * kRows;
+  float* sL = sAlpha + kRows;
+  float* sM = sL + kRows;
+  const int bar_id = 1 + grp;
+
+  uint32_t qf[kStepsPerSlice][4];
+  {
+    const int ra = grow_base + g, rb8 = ra + 8;
+    const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (grow0 + grp * kRows + g) * kHeadDim);
+    const uint32_t* qb = qa + 8 * kHeadDim / 2;
+#pragma unroll
+    for (int kk = 0; kk < kStepsPerSlice; ++kk) {
+      const int d = (ks * kStepsPerSlice + kk) * 16 + 2 * t4;
+      qf[kk][0] = ra < rows ? __ldg(qa + d / 2) : 0u;
+      qf[kk][1] = rb8 < rows ? __ldg(qb + d / 2) : 0u;
+      qf[kk][2] = ra < rows ? __ldg(qa + d / 2 + 4) : 0u;
+      qf[kk][3] = rb8 < rows ? __ldg(qb + d / 2 + 4) : 0u;
+    }
+  }
+
+  const int sr = gt / kTPR, sc = gt % kTPR;
+  const bool srow_valid = grow_base + sr < rows;
+  const int snode = (grow_base + sr) / p.num_heads;
+  const int32_t* mask_row = p.tree_mask + static_cast<int64_t>(qo0 + min(snode, T - 1)) * p.mask_words;
+  float m_run = -CUDART_INF_F, l_run = 0.f;
+
+  float acc[16][4];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int buf = it & 1;
+    const int tile_base = kbeg + it * kBlockN;
+    const __nv_bfloat16* tK = sK + buf * kBlockN * kKRow;
+    mbar_wait(&full[buf], (it >> 1) & 1);
+
+    // QK over this warp's 144-dim slice, all 32 keys of the tile.
+    {
+      float sacc[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
+      const __nv_bfloat16* kb = tK + ((mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < kStepsPerSlice; ++kk) {
+        uint32_t b0[4], b1[4];
+        ldmatrix_x4(b0, kb + kk * 16);
+        ldmatrix_x4(b1, kb + 16 * kKRow + kk * 16);
+        mma_bf16_16816(sacc[0], qf[kk], b0[0], b0[1]);
+        mma_bf16_16816(sacc[1], qf[kk], b0[2], b0[3]);
+        mma_bf16_16816(sacc[2], qf[kk], b1[0], b1[1]);
+        mma_bf16_16816(sacc[3], qf[kk], b1[2], b1[3]);
+      }
+      float* red = sRed + ks * kRows * kRedStride;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        *reinterpret_cast<float2*>(red + g * kRedStride + col) = make_float2(sacc[nt][0], sacc[nt][1]);
+        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + col) = make_float2(sacc[nt][2], sacc[nt][3]);
+      }
+    }
+    named_barrier_sync(bar_id, kGroupThreads);
+
+    // softmax: 8 threads per row, 4 keys each.
+    {
+      float s[kKPT];
+      {
+        const float4 v0 = *reinterpret_cast<const float4*>(sRed + 0 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
+        const float4 v1 = *reinterpret_cast<const float4*>(sRed + 1 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
+        const float4 v2 = *reinterpret_cast<const float4*>(sRed + 2 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
+        const float4 v3 = *reinterpret_cast<const float4*>(sRed + 3 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
+        s[0] = (v0.x + v1.x) + (v2.x + v3.x);
+        s[1] = (v0.y + v1.y) + (v2.y + v3.y);
+        s[2] = (v0.z + v1.z) + (v2.z + v3.z);
+        s[3] = (v0.w + v1.w) + (v2.w + v3.w);
+      }
+      const int j0 = tile_base + sc * kKPT;
+      uint64_t bits = ~0ull;  // bit k: key j0 + k visible through the tree mask
+      if (j0 + kKPT > Lp) {
+        const int tj = max(j0 - Lp, 0);
+        const int w = tj >> 5;
+        const uint32_t lo = static_cast<uint32_t>(__ldg(mask_row + w));
+        const uint32_t hi = (w + 1 < p.mask_words) ? static_cast<uint32_t>(__ldg(mask_row + w + 1)) : 0u;
+        const uint64_t word = (static_cast<uint64_t>(hi) << 32 | lo) >> (tj & 31);
+        const int shift = j0 - Lp;  // may be negative: the first -shift keys are prefix
+        bits = shift >= 0 ? word : ((word << (-shift)) | ((1ull << (-shift)) - 1));
+      }
+      float tmax = -CUDART_INF_F;
+#pragma unroll
+      for (int k = 0; k < kKPT; ++k) {
+        const int j = j0 + k;
+        const bool vis = srow_valid && j < kend && ((bits >> k) & 1);
+        s[k] = vis ? s[k] * p.scale_log2 : -CUDART_INF_F;
+        tmax = fmaxf(tmax, s[k]);
+      }
+#pragma unroll
+      for (int off = kTPR / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      const float m_new = fmaxf(m_run, tmax);
+      const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;
+      const float alpha = exp2f(m_run - m_use);
+      float psum = 0.f;
+#pragma unroll
+      for (int k = 0; k < kKPT; ++k) {
+        s[k] = exp2f(s[k] - m_use);
+        psum += s[k];
+      }
+#pragma unroll
+      for (int off = kTPR / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      l_run = l_run * alpha + psum;
+      m_run = m_new;
+      uint2 pk;
+      pk.x = pack_bf16x2(s[0], s[1]);
+      pk.y = pack_bf16x2(s[2], s[3]);
+      *reinterpret_cast<uint2*>(sP + sr * kPStride + sc * kKPT) = pk;
+      if (sc == 0) sAlpha[sr] = alpha;
+    }
+    named_barrier_sync(bar_id, kGroupThreads);
+
+    // PV: O[16 rows, 128 ks : 128 ks + 128] = alpha O + P V.
+    {
+      const float a0 = sAlpha[g], a1 = sAlpha[g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        acc[nt][0] *= a0;
+        acc[nt][1] *= a0;
+        acc[nt][2] *= a1;
+        acc[nt][3] *= a1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        uint32_t pa[4];
+        ldmatrix_x4(pa, sP + ((mi & 1) * 8 + (lane & 7)) * kPStride + kk * 16 + (mi >> 1) * 8);
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + ks * 128 + np * 16 + (mi >> 1) * 8);
+          mma_bf16_16816(acc[2 * np], pa, vb[0], vb[1]);
+          mma_bf16_16816(acc[2 * np + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[buf]);
+  }
+
+  // epilogue
+  if (sc == 0) {
+    sL[sr] = l_run;
+    sM[sr] = m_run;
+  }
+  named_barrier_sync(bar_id, kGroupThreads);
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + half * 8;
+    if (grow_base + r >= rows) continue;
+    const float l = sL[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t grow = grow0 + grp * kRows + r;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* o = p.out + grow * kValueDim + ks * 128 + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+        *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc[nt][2 * half] * inv, acc[nt][2 * half + 1] * inv);
+    } else {
+      float* o = p.ws_o + (split * p.total_rows + grow) * kValueDim + ks * 128 + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+        *reinterpret_cast<float2*>(o + nt * 8) = make_float2(acc[nt][2 * half] * inv, acc[nt][2 * half + 1] * inv);
+    }
+    if (ks == 0 && t4 == 0) {
+      const float lse = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
+      if (p.num_splits == 1) {
+        if (p.lse) p.lse[grow] = lse;
+      } else {
+        p.ws_lse[split * p.total_rows + grow] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace kdtree
