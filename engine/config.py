@@ -13,35 +13,44 @@ from kdtree.kernels.contract import LATENT_DIM, ROPE_DIM
 class ModelConfig(BaseModel):
     """A DeepSeek-V3-style MLA transformer. kv_lora_rank and qk_rope_head_dim are fixed by the op contract.
 
-    The last three fields shape the seeded weights so greedy decisions have wide logit margins
-    (see `kdtree.engine.weights`); they change values, never the architecture.
+    The fields from code_dim on shape the seeded weights so greedy decisions have wide logit
+    margins (see `kdtree.engine.weights`); they change values, never the architecture.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     vocab_size: int = Field(1024, ge=2)
-    hidden_size: int = Field(256, ge=8)
+    hidden_size: int = Field(512, ge=8)
     num_layers: int = Field(4, ge=1)
     num_heads: int = Field(8, ge=1, le=128)
     q_lora_rank: Optional[int] = Field(None, ge=1)
     kv_lora_rank: Literal[512] = LATENT_DIM
     qk_rope_head_dim: Literal[64] = ROPE_DIM
-    qk_nope_head_dim: int = Field(64, ge=1)
-    v_head_dim: int = Field(64, ge=1)
-    intermediate_size: int = Field(512, ge=1)
+    qk_nope_head_dim: int = Field(128, ge=1)
+    v_head_dim: int = Field(128, ge=1)
+    intermediate_size: int = Field(1024, ge=1)
     rms_norm_eps: float = Field(1e-6, gt=0)
     rope_theta: float = Field(10000.0, gt=1)
     max_position_embeddings: int = Field(4096, ge=2)
-    # margin design (kdtree.engine.weights)
+    # margin design (kdtree.engine.weights): values only, never the architecture
+    code_dim: int = Field(128, ge=8)
     logit_scale: float = Field(16.0, gt=0)
+    copy_vote: float = Field(1.83, gt=1)
     context_gain: float = Field(1.0, ge=0)
+    context_readout: float = Field(0.03, ge=0)
     backbone_cycle: tuple[int, int] = (3, 12)
 
     @model_validator(mode="after")
-    def _check_cycle(self) -> "ModelConfig":
+    def _check(self) -> "ModelConfig":
         lo, hi = self.backbone_cycle
         if not 1 <= lo <= hi:
             raise ValueError(f"backbone_cycle: need 1 <= lo <= hi, got {self.backbone_cycle}")
+        if self.hidden_size < 3 * self.code_dim + 2:
+            raise ValueError(f"hidden_size {self.hidden_size} cannot hold 3 token codes of code_dim "
+                             f"{self.code_dim} plus a constant and a free dim (need >= {3 * self.code_dim + 2})")
+        if min(self.qk_nope_head_dim, self.v_head_dim) < self.code_dim or self.kv_lora_rank < 2 * self.code_dim:
+            raise ValueError(f"qk_nope_head_dim and v_head_dim must be >= code_dim ({self.code_dim}) and "
+                             f"kv_lora_rank >= 2 * code_dim")
         return self
 
     @property
@@ -57,8 +66,8 @@ class ModelConfig(BaseModel):
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
-    "small": ModelConfig(hidden_size=512, num_layers=8, num_heads=16, qk_nope_head_dim=128,
-                         v_head_dim=128, intermediate_size=1408, vocab_size=4096),
+    "small": ModelConfig(hidden_size=1024, num_layers=8, num_heads=16, intermediate_size=2816,
+                         vocab_size=4096),
 }
 
 
