@@ -10,8 +10,10 @@ Protocol (the same as the accuracy gate's candidate):
 
 Per case: warm up on a side stream, capture ``fn`` into a ``torch.cuda.CUDAGraph`` with
 ``torch.cuda.set_sync_debug_mode("error")`` on (a host sync in capture raises, and any exception
-in capture is a capture failure), count caching-allocator allocations made during capture
-(``allocation.all.allocated`` in ``torch.cuda.memory_stats``, before vs after), then for
+in capture is a capture failure; the mode is a prototype in torch and does not see every sync,
+but a sync it misses still breaks the capture), count caching-allocator allocations made during
+capture (``allocation.all.allocated`` in ``torch.cuda.memory_stats``, before vs after, less what
+torch's own capture of an empty body allocates), then for
 ``spec.replays`` fresh inputs: copy them into the static buffers, poison the static outputs,
 replay, and compare with an eager call on the same inputs into fresh poisoned buffers. With
 ``spec.min_replay_speedup`` set, replay and eager are then timed interleaved.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
@@ -50,6 +53,7 @@ class CaseReport:
     capture_error: Optional[str] = None
     host_sync: bool = False
     allocations: int = 0
+    torch_allocations: int = 0  # what torch's capture machinery itself allocated (not counted)
     replays: int = 0
     worst_rel_l2: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -65,7 +69,8 @@ class CaseReport:
 
     def as_row(self) -> dict[str, Any]:
         return {"case": self.name, "capture_error": self.capture_error, "host_sync": self.host_sync,
-                "allocations_in_capture": self.allocations, "replays": self.replays,
+                "allocations_in_capture": self.allocations, "torch_capture_allocations": self.torch_allocations,
+                "replays": self.replays,
                 "worst_rel_l2": None if math.isnan(self.worst_rel_l2) or math.isinf(self.worst_rel_l2)
                 else self.worst_rel_l2,
                 "problems": self.problems[:10], "seeds": self.seeds,
@@ -104,30 +109,31 @@ def _alloc_count() -> int:
     return int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
 
 
-def _capture(fn, static_in, static_out, warmup: int):
-    """(graph or None, error message or None, allocations during capture, side stream)."""
+def _set_sync_debug_mode(mode) -> None:
     import torch  # noqa: PLC0415
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(warmup, 1)):
-            fn(static_in, static_out)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    with warnings.catch_warnings():  # "a prototype feature": we know, and say so in the docs
+        warnings.simplefilter("ignore", UserWarning)
+        torch.cuda.set_sync_debug_mode(mode)
+
+
+def _captured_allocations(stream, body) -> tuple[Optional[object], Optional[str], int]:
+    """Capture ``body()`` on ``stream``: (graph or None, error message or None, allocations)."""
+    import torch  # noqa: PLC0415
+
     graph = torch.cuda.CUDAGraph()
     before = _alloc_count()
     error: Optional[str] = None
     previous = torch.cuda.get_sync_debug_mode()
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(stream):
         graph.capture_begin()
         try:
-            torch.cuda.set_sync_debug_mode("error")
-            fn(static_in, static_out)
+            _set_sync_debug_mode("error")
+            body()
         except Exception as exc:  # noqa: BLE001 - anything raised in capture is the candidate's failure
             error = f"{type(exc).__name__}: {exc}"
         finally:
-            torch.cuda.set_sync_debug_mode(previous)
+            _set_sync_debug_mode(previous)
             try:
                 graph.capture_end()
             except Exception as exc:  # noqa: BLE001
@@ -135,6 +141,27 @@ def _capture(fn, static_in, static_out, warmup: int):
     allocations = _alloc_count() - before
     torch.cuda.synchronize()
     return (None if error else graph), error, allocations
+
+
+def _capture(fn, static_in, static_out, warmup: int):
+    """(graph or None, error message or None, allocations ``fn`` made during capture, torch's own).
+
+    torch itself allocates during a capture (the RNG's per-graph seed and offset), so a capture of
+    an allocation-free body is made just before, and its count is subtracted.
+    """
+    import torch  # noqa: PLC0415
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn(static_in, static_out)
+        scratch = torch.zeros(1, device="cuda")
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    _, _, own = _captured_allocations(side, scratch.zero_)
+    graph, error, allocations = _captured_allocations(side, lambda: fn(static_in, static_out))
+    return graph, error, max(allocations - own, 0), own
 
 
 def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, device: str) -> tuple[float, list[str]]:
@@ -171,7 +198,8 @@ def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, 
     report.seeds.append(seed)
     static_in = case.make_inputs(seed, ctx.device)
     static_out = dict(case.make_outputs(static_in))
-    graph, error, report.allocations = _capture(fn, static_in, static_out, spec.warmup)
+    graph, error, report.allocations, report.torch_allocations = _capture(fn, static_in, static_out,
+                                                                          spec.warmup)
     if error is not None:
         report.capture_error = error
         report.host_sync = looks_like_sync(error)
