@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import toy_ops
+import gate_toy_ops as toy_ops
 from kdtree.gates.accuracy import AccuracyCase, check_accuracy
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.spec import AccuracyGateSpec
