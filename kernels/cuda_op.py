@@ -80,20 +80,22 @@ def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_
 
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_sm_counts: dict[int, int] = {}
+_device_cache: dict[int, tuple[int, tuple[int, int]]] = {}  # index -> (SM count, capability)
 _extensions: dict[tuple[int, int], object] = {}
 
 
 def _device_facts(device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _sm_counts:
+    facts = _device_cache.get(index)
+    if facts is None:
         props = torch.cuda.get_device_properties(index)
-        _sm_counts[index] = props.multi_processor_count
-    return index, _sm_counts[index]
+        facts = _device_cache[index] = (props.multi_processor_count, (props.major, props.minor))
+    return index, facts[0], facts[1]
 
 
 def _extension(device_index: int):
-    cap = torch.cuda.get_device_capability(device_index)
+    cap = _device_cache[device_index][1] if device_index in _device_cache else \
+        torch.cuda.get_device_capability(device_index)
     if cap not in _extensions:
         if cap < (8, 0):
             raise RuntimeError(f"the tree-verify kernel needs sm_80 or newer (mma.sync bf16, cp.async); "
@@ -125,18 +127,22 @@ def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: tor
     if q.device.type != "cuda":
         raise ValueError(f"q: the CUDA kernel needs CUDA tensors, got a tensor on {q.device} "
                          "(use kdtree.kernels.reference or .naive on the CPU)")
-    index, sm_count = _device_facts(q.device)
-    with torch.cuda.device(index):
-        ext = _extension(index)
-        if out is None:
-            out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
-        plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
-                           kv_indices.numel(), sm_count, torch.cuda.get_device_capability(index))
-        ws_o, ws_lse = _workspace(index, q.device)
-        ext.run(q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
-                kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
-                lse.data_ptr() if lse is not None else 0, ws_o.data_ptr(), ws_lse.data_ptr(),
-                problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
-                plan.num_splits, plan.grid_y, plan.variant, float(sm_scale),
-                torch.cuda.current_stream(q.device).cuda_stream)
+    index, sm_count, capability = _device_facts(q.device)
+    ext = _extension(index)
+    if out is None:
+        out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
+    plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
+                       kv_indices.numel(), sm_count, capability)
+    ws_o, ws_lse = _workspace(index, q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    args = (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+            kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
+            lse.data_ptr() if lse is not None else 0, ws_o.data_ptr(), ws_lse.data_ptr(),
+            problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
+            plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), stream)
+    if index == torch.cuda.current_device():
+        ext.run(*args)
+    else:
+        with torch.cuda.device(index):
+            ext.run(*args)
     return out

@@ -26,6 +26,7 @@ constexpr int kRows = 16;                            // per group
 constexpr int kTPR = kGroupThreads / kRows;          // 8 softmax threads per row
 constexpr int kKPT = kBlockN / kTPR;                 // 4 keys each
 constexpr int kStageBytes = kBlockN * kKRow * 2;
+constexpr float kRescaleLog2 = 8.f;
 struct Smem {
   static constexpr int k_off = 0;
   static constexpr int red_off = 2 * kStageBytes;
@@ -158,15 +159,20 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 #pragma unroll
         for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
       const __nv_bfloat16* kb = tK + ((mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
+      uint32_t b0[2][4], b1[2][4];  // fragments of step kk + 1 load while step kk multiplies
+      ldmatrix_x4(b0[0], kb);
+      ldmatrix_x4(b1[0], kb + 16 * kKRow);
 #pragma unroll
       for (int kk = 0; kk < kStepsPerSlice; ++kk) {
-        uint32_t b0[4], b1[4];
-        ldmatrix_x4(b0, kb + kk * 16);
-        ldmatrix_x4(b1, kb + 16 * kKRow + kk * 16);
-        mma_bf16_16816(sacc[0], qf[kk], b0[0], b0[1]);
-        mma_bf16_16816(sacc[1], qf[kk], b0[2], b0[3]);
-        mma_bf16_16816(sacc[2], qf[kk], b1[0], b1[1]);
-        mma_bf16_16816(sacc[3], qf[kk], b1[2], b1[3]);
+        const int cur = kk & 1;
+        if (kk + 1 < kStepsPerSlice) {
+          ldmatrix_x4(b0[cur ^ 1], kb + (kk + 1) * 16);
+          ldmatrix_x4(b1[cur ^ 1], kb + 16 * kKRow + (kk + 1) * 16);
+        }
+        mma_bf16_16816(sacc[0], qf[kk], b0[cur][0], b0[cur][1]);
+        mma_bf16_16816(sacc[1], qf[kk], b0[cur][2], b0[cur][3]);
+        mma_bf16_16816(sacc[2], qf[kk], b1[cur][0], b1[cur][1]);
+        mma_bf16_16816(sacc[3], qf[kk], b1[cur][2], b1[cur][3]);
       }
       float* red = sRed + ks * kRows * kRedStride;
 #pragma unroll
@@ -179,6 +185,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
     named_barrier_sync(bar_id, kGroupThreads);
 
     // softmax: 8 threads per row, 4 keys each.
+    bool rescale = false;
     {
       float s[kKPT];
       {
@@ -212,9 +219,15 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       }
 #pragma unroll
       for (int off = kTPR / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      // Lazy rescaling: the running max moves only when it grew by more than 2^8, so most tiles
+      // need no O rescale; P <= 256 stays exact enough in bf16 and l in fp32.
       const float m_new = fmaxf(m_run, tmax);
-      const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;
-      const float alpha = exp2f(m_run - m_use);
+      float alpha = 1.f;
+      if (m_new > m_run + kRescaleLog2) {
+        alpha = exp2f(m_run - m_new);
+        m_run = m_new;
+      }
+      const float m_use = m_run == -CUDART_INF_F ? 0.f : m_run;
       float psum = 0.f;
 #pragma unroll
       for (int k = 0; k < kKPT; ++k) {
@@ -224,35 +237,39 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 #pragma unroll
       for (int off = kTPR / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
       l_run = l_run * alpha + psum;
-      m_run = m_new;
       uint2 pk;
       pk.x = pack_bf16x2(s[0], s[1]);
       pk.y = pack_bf16x2(s[2], s[3]);
       *reinterpret_cast<uint2*>(sP + sr * kPStride + sc * kKPT) = pk;
       if (sc == 0) sAlpha[sr] = alpha;
+      rescale = alpha != 1.f;
     }
-    named_barrier_sync(bar_id, kGroupThreads);
+    rescale = named_barrier_sync_or(bar_id, kGroupThreads, rescale);
 
     // PV: O[16 rows, 128 ks : 128 ks + 128] = alpha O + P V.
     {
-      const float a0 = sAlpha[g], a1 = sAlpha[g + 8];
+      if (rescale) {
+        const float a0 = sAlpha[g], a1 = sAlpha[g + 8];
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        acc[nt][0] *= a0;
-        acc[nt][1] *= a0;
-        acc[nt][2] *= a1;
-        acc[nt][3] *= a1;
+        for (int nt = 0; nt < 16; ++nt) {
+          acc[nt][0] *= a0;
+          acc[nt][1] *= a0;
+          acc[nt][2] *= a1;
+          acc[nt][3] *= a1;
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         uint32_t pa[4];
         ldmatrix_x4(pa, sP + ((mi & 1) * 8 + (lane & 7)) * kPStride + kk * 16 + (mi >> 1) * 8);
+        const __nv_bfloat16* vrow = tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + ks * 128 + (mi >> 1) * 8;
+        uint32_t vb[2][4];
+        ldmatrix_x4_trans(vb[0], vrow);
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + ks * 128 + np * 16 + (mi >> 1) * 8);
-          mma_bf16_16816(acc[2 * np], pa, vb[0], vb[1]);
-          mma_bf16_16816(acc[2 * np + 1], pa, vb[2], vb[3]);
+          if (np + 1 < 8) ldmatrix_x4_trans(vb[(np + 1) & 1], vrow + (np + 1) * 16);
+          mma_bf16_16816(acc[2 * np], pa, vb[np & 1][0], vb[np & 1][1]);
+          mma_bf16_16816(acc[2 * np + 1], pa, vb[np & 1][2], vb[np & 1][3]);
         }
       }
     }
