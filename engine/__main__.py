@@ -80,7 +80,7 @@ def generate(prompt_ids, seed, batch, drafter, budget, backend, device, max_new_
         payload["prompts"] = prompts
         click.echo(json.dumps(payload))
         return
-    console = Console()
+    console = Console(soft_wrap=True)
     for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
         console.print(f"[bold]request {i}[/] prompt ({len(prompt)}): {prompt}")
         console.print(f"  new ({len(tokens)}): [green]{tokens}[/]")

@@ -49,7 +49,7 @@ def build_model(config: Optional[ModelConfig] = None, seed: int = 0, device: str
     config = preset("tiny") if config is None else config
     model = MLAModel(config)
     init_weights(model, seed)
-    return model.to(device=device, dtype=dtype or default_dtype(device)).eval()
+    return model.to(device=device, dtype=dtype or default_dtype(device)).eval().requires_grad_(False)
 
 
 def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:

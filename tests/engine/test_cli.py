@@ -1,0 +1,46 @@
+"""The demo CLI: `python -m kdtree.engine generate`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from kdtree.engine import generate as api_generate
+from kdtree.engine.__main__ import main
+
+
+def test_json_output_matches_the_api():
+    args = ["generate", "--prompt-ids", "5,17,17,3", "--batch", "3", "--drafter", "ngram", "--budget", "16",
+            "--max-new-tokens", "10", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert set(payload) >= {"tokens", "accepted_per_step", "tokens_per_s", "mean_accepted", "prompts"}
+    assert payload["prompts"][0] == [5, 17, 17, 3] and len({len(p) for p in payload["prompts"]}) == 3
+    assert payload["tokens"] == api_generate(payload["prompts"], max_new_tokens=10).tokens
+
+
+def test_report_shows_tokens_acceptance_and_speed():
+    result = CliRunner().invoke(main, ["generate", "--seed", "3", "--batch", "2", "--drafter", "ddtree",
+                                       "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    assert "request 1" in result.output and "mean accepted length" in result.output
+    assert "tokens/s" in result.output
+
+
+def test_bad_input_is_a_usage_error():
+    runner = CliRunner()
+    assert runner.invoke(main, ["generate", "--prompt-ids", "5,x"]).exit_code == 2
+    assert runner.invoke(main, ["generate", "--backend", "flash"]).exit_code == 2
+    bad_token = runner.invoke(main, ["generate", "--prompt-ids", "99999"])
+    assert bad_token.exit_code == 2 and "outside the vocabulary" in bad_token.output
+
+
+def test_module_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "kdtree.engine", "generate", "--prompt-ids", "1,2,3,1,2",
+                          "--drafter", "none", "--max-new-tokens", "4", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert len(json.loads(out.stdout)["tokens"][0]) == 4
