@@ -195,17 +195,27 @@ class ArchBuild:
 
 
 def dynamic_smem_bytes() -> dict[str, int]:
-    """Dynamic shared memory each kernel is launched with (ptxas cannot see it).
+    """Dynamic shared memory each kernel is launched with, by mangled name (ptxas cannot see it).
 
-    Mirrors SmemLayout<MT> in csrc/tree_verify_mla.cuh; tests/kernels/test_jit.py checks the two agree.
+    Mirrors SmemLayout<MT> and ws::Smem in csrc/; tests/kernels/test_jit.py checks these against
+    the compiled extension's own `shared_bytes`.
     """
     block_n, krow, red_stride, p_stride = 32, 576 + 8, 40, 40
+    stages = 2 * block_n * krow * 2
     sizes = {}
     for mt in (1, 2):
         bm = 16 * mt
-        total = 2 * block_n * krow * 2 + 4 * bm * red_stride * 4 + bm * p_stride * 2 + 3 * bm * 4
-        sizes[f"tree_verify_mla_kernel<{mt}>"] = total
+        sizes[f"_ZN6kdtree22tree_verify_mla_kernelILi{mt}EEEvNS_16TreeVerifyParamsE"] = (
+            stages + 4 * bm * red_stride * 4 + bm * p_stride * 2 + 3 * bm * 4)
+    groups, rows = 2, 16
+    sizes["_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"] = (
+        stages + groups * (4 * rows * red_stride * 4 + rows * p_stride * 2 + 3 * rows * 4) + 4 * 8)
     return sizes
+
+
+VARIANT_KERNELS = {1: "_ZN6kdtree22tree_verify_mla_kernelILi1EEEvNS_16TreeVerifyParamsE",
+                   2: "_ZN6kdtree22tree_verify_mla_kernelILi2EEEvNS_16TreeVerifyParamsE",
+                   3: "_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"}
 
 
 def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:

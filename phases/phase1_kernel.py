@@ -6,13 +6,12 @@ oracle, is token-exact, beats the Triton baseline engines run today by the state
 plain torch), gains nothing from contiguous slots it would lose on scattered ones, and is clean
 under compute-sanitizer.
 
-Until the kernel exists every check reports ``not-implemented`` (a failure, never a pass); the
-kernel engineer replaces the functions in `CHECKS` with the gate mechanisms of `kdtree.gates`.
+The checks live in `phase1_work`: each feeds a generic mechanism of `kdtree.gates` with this
+project's kernel, baselines, oracle and engine.
 """
 
 from __future__ import annotations
 
-from kdtree.gates.base import GateContext, GateResult, not_implemented
 from kdtree.gates.spec import (
     AccuracyGateSpec, BuildGateSpec, MetricGateSpec, PhaseSpec, SanitizerGateSpec, SpeedupGateSpec,
     Threshold, TokenExactGateSpec,
@@ -65,43 +64,14 @@ SPEC = PhaseSpec(
     ],
 )
 
-_NO_KERNEL = "the CUDA kernel (kernels/csrc) does not exist yet"
-
-
-def check_build(spec: BuildGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL)
-
-
-def check_accuracy(spec: AccuracyGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL)
-
-
-def check_token_exact(spec: TokenExactGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL)
-
-
-def check_speedup(spec: SpeedupGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL + " (nor the Triton baseline)")
-
-
-def check_speedup_naive(spec: SpeedupGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL + " (nor the naive baseline)")
-
-
-def check_scatter(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL)
-
-
-def check_sanitizer(spec: SanitizerGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_KERNEL)
-
+from kdtree.phases import phase1_work as _work  # noqa: E402
 
 CHECKS = {
-    "build": check_build,
-    "accuracy": check_accuracy,
-    "token_exact": check_token_exact,
-    "speedup": check_speedup,
-    "speedup_naive": check_speedup_naive,
-    "scatter": check_scatter,
-    "sanitizer": check_sanitizer,
+    "build": _work.check_build,
+    "accuracy": _work.check_accuracy,
+    "token_exact": _work.check_token_exact,
+    "speedup": _work.check_speedup,
+    "speedup_naive": _work.check_speedup_naive,
+    "scatter": _work.check_scatter,
+    "sanitizer": _work.check_sanitizer,
 }

@@ -29,6 +29,12 @@
 #ifndef KD_SKIP
 #define KD_SKIP 0
 #endif
+// Deliberately broken builds for the gates' own tests (never set in a real build): KD_BREAK bit 1
+// reads the wrong tree-mask bit, 2 hides the prefix, 4 scales the scores wrongly, 8 leaves the
+// last row of every CTA unwritten.
+#ifndef KD_BREAK
+#define KD_BREAK 0
+#endif
 
 namespace kdtree {
 
@@ -219,12 +225,12 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
 #pragma unroll
       for (int k = 0; k < KPT; ++k) {
         const int j = tile_base + sc * KPT + k;
-        bool vis = srow_valid && j < kend;
+        bool vis = srow_valid && j < kend && !((KD_BREAK & 2) && j < Lp);
         if (vis && j >= Lp) {
-          const int tj = j - Lp;
+          const int tj = (KD_BREAK & 1) ? (j - Lp) ^ 1 : j - Lp;
           vis = (__ldg(mask_row + (tj >> 5)) >> (tj & 31)) & 1;
         }
-        s[k] = vis ? s[k] * p.scale_log2 : -CUDART_INF_F;
+        s[k] = vis ? s[k] * p.scale_log2 * ((KD_BREAK & 4) ? 1.25f : 1.f) : -CUDART_INF_F;
         tmax = fmaxf(tmax, s[k]);
       }
 #pragma unroll
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = mt * 16 + g + half * 8;
-      if (row0 + r >= rows) continue;
+      if (row0 + r >= rows || ((KD_BREAK & 8) && r == 16 * MT - 1)) continue;
       const float l = sL[r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int64_t grow = grow0 + r;

@@ -208,13 +208,18 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         const uint64_t word = (static_cast<uint64_t>(hi) << 32 | lo) >> (tj & 31);
         const int shift = j0 - Lp;  // may be negative: the first -shift keys are prefix
         bits = shift >= 0 ? word : ((word << (-shift)) | ((1ull << (-shift)) - 1));
+        if (KD_BREAK & 1) bits = ((bits >> 1) & 0x5555555555555555ull) | ((bits << 1) & 0xAAAAAAAAAAAAAAAAull);
+      }
+      if (KD_BREAK & 2) {
+        for (int k = 0; k < kKPT; ++k)
+          if (j0 + k < Lp) bits &= ~(1ull << k);
       }
       float tmax = -CUDART_INF_F;
 #pragma unroll
       for (int k = 0; k < kKPT; ++k) {
         const int j = j0 + k;
         const bool vis = srow_valid && j < kend && ((bits >> k) & 1);
-        s[k] = vis ? s[k] * p.scale_log2 : -CUDART_INF_F;
+        s[k] = vis ? s[k] * p.scale_log2 * ((KD_BREAK & 4) ? 1.25f : 1.f) : -CUDART_INF_F;
         tmax = fmaxf(tmax, s[k]);
       }
 #pragma unroll
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = g + half * 8;
-    if (grow_base + r >= rows) continue;
+    if (grow_base + r >= rows || ((KD_BREAK & 8) && grp == kGroups - 1 && r == kRows - 1)) continue;
     const float l = sL[r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t grow = grow0 + grp * kRows + r;

@@ -67,6 +67,7 @@ IMPLS = [
          rel_l2=1.5e-2, max_abs=4e-2, lse_abs=4e-2),
     Impl("triton", "kdtree.kernels.triton_baseline:tree_verify_mla_triton", torch.bfloat16,
          rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, triton=True),
+    Impl("cuda", "kdtree.kernels:tree_verify_mla", torch.bfloat16, rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True),
 ]
 
 BY_NAME = {impl.name: impl for impl in IMPLS}
