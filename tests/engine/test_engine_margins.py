@@ -12,7 +12,7 @@ from kdtree.engine import build_model, generate, get_backend
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.metadata import extend_metadata
 from kdtree.engine.speculative import Runner
-from tests.engine.conftest import random_prompts
+from engine_prompts import random_prompts
 
 
 def teacher_forced_logits(model, seq: list[int]) -> torch.Tensor:

@@ -10,7 +10,7 @@ from kdtree.engine import TokenTree, build_model, generate, get_backend
 from kdtree.engine.allocator import PoolExhaustedError
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.speculative import Request, Runner
-from tests.engine.conftest import random_prompts, repetitive_prompts
+from engine_prompts import random_prompts, repetitive_prompts
 
 PROMPTS = random_prompts(18, seed=3)  # lengths 3..39, half of them repetitive
 NEW = 24
