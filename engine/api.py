@@ -94,11 +94,12 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         raise ValueError("config does not match the model's config; pass one or the other")
     cfg = model.config
     prompts = _check_prompts(prompts, cfg.vocab_size)
-    reach = max(map(len, prompts)) + max_new_tokens + max(budget, spec.max_depth if spec else 0)
+    depth = spec.max_depth if spec else 0  # deepest draft node past the pending token
+    reach = max(map(len, prompts)) + max_new_tokens + depth
     if reach > cfg.max_position_embeddings:
         raise ValueError(f"longest prompt + max_new_tokens + draft depth reaches position {reach}, beyond "
                          f"max_position_embeddings = {cfg.max_position_embeddings}")
-    per_request = [len(p) + max_new_tokens + budget + (spec.max_depth if spec else 0) + 1 for p in prompts]
+    per_request = [len(p) + max_new_tokens + depth + budget + 1 for p in prompts]  # kept KV + one tree
     if pool_slots is None:
         pool_slots = sum(per_request)
     longest = max(map(len, prompts))

@@ -3,7 +3,6 @@ context decides tokens, and bf16 greedy decoding matches fp32 on CPU."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
