@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   if (tid == 0) {
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
-    mbar_init(&empty[0], kConsumers / 32);
-    mbar_init(&empty[1], kConsumers / 32);
+    mbar_init(&empty[0], kConsumers);
+    mbar_init(&empty[1], kConsumers);
     fence_mbarrier_init();
   }
   fence_proxy_async_shared();
@@ -278,8 +278,10 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[buf]);
+    // Every consumer thread orders its own shared-memory reads of this stage before the producer's
+    // next bulk copy into it: generic-proxy reads, then a proxy fence, then a release-arrive.
+    fence_proxy_async_shared();
+    mbar_arrive(&empty[buf]);
   }
 
   // epilogue
