@@ -28,7 +28,8 @@ SPEC = PhaseSpec(
         "kdtree.kernels.naive and kdtree.kernels.triton_baseline: the baselines, same signature",
         "a benchmark over DESIGN 3b's configs and the DDTree grid, with roofline fractions and plots",
     ],
-    inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "gates/**/*.py"],
+    inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
+            "engine/**/*.py", "gates/**/*.py"],
     gates=[
         BuildGateSpec(
             name="build", requires=["nvcc"], archs=["sm_90", "sm_120"],
