@@ -110,7 +110,11 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
         return result
 
     lock_rel = f"{plan.spec.results_dir}/{LOCK_NAME}"
-    repo.git.add("-A", "--", ".", f":(exclude){lock_rel}")
+    repo.git.add("-A", "--", ".")
+    if repo.head.is_valid() and repo.git.diff("--cached", "--name-only", "--", lock_rel).strip():
+        repo.git.reset("-q", "--", lock_rel)  # the run lock is never part of a checkpoint
+    elif not repo.head.is_valid() and repo.git.ls_files("--cached", "--", lock_rel).strip():
+        repo.git.rm("-q", "--cached", "--", lock_rel)
     has_head = repo.head.is_valid()
     staged = repo.git.diff("--cached", "--name-only") if has_head else repo.git.ls_files("--cached")
     if not staged.strip():
