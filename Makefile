@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 ## run: the main job - `orchestrate run phase1` on whatever device this machine has.
+# Exit 3 means "incomplete": some gates were skipped because this machine lacks what they need
+# (a CUDA GPU); that is this machine's limit, not a failure, so `make run` reports it and succeeds.
 run: $(STAMP)
-	$(VENV)/bin/orchestrate run phase1 --device auto
+	@$(VENV)/bin/orchestrate run phase1 --device auto; rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "phase1 is incomplete here: its GPU gates need a CUDA device (see orchestrate status)"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
 ## test: the whole test suite (GPU tests skip with their reason on a machine without one).
 test: $(STAMP)
