@@ -8,3 +8,18 @@ GateResult``). Phase modules import no orchestrator code and keep torch imports 
 check functions, so loading a SPEC is cheap. The plan that lists them is
 `kdtree.orchestrator.plan.DEFAULT_PLAN`.
 """
+
+from typing import Callable  # noqa: E402
+
+from kdtree.gates.base import GateContext, GateResult, not_implemented  # noqa: E402
+from kdtree.gates.spec import PhaseSpec  # noqa: E402
+
+
+def not_yet_checks(spec: PhaseSpec, reason: str) -> dict[str, Callable[..., GateResult]]:
+    """CHECKS for a phase whose work does not exist yet: every gate reports ``not-implemented``
+    with `reason` (a failure, never a pass) until a real check replaces it."""
+
+    def pending(gate_spec, ctx: GateContext) -> GateResult:
+        return not_implemented(gate_spec.name, gate_spec.kind, reason)
+
+    return {gate.name: pending for gate in spec.gates}

@@ -7,8 +7,8 @@ verify step is faster by the stated margin. Until the backend exists, the checks
 
 from __future__ import annotations
 
-from kdtree.gates.base import GateContext, GateResult, not_implemented
 from kdtree.gates.spec import PhaseSpec, SpeedupGateSpec, TokenExactGateSpec
+from kdtree.phases import not_yet_checks
 
 SPEC = PhaseSpec(
     id="phase2",
@@ -38,16 +38,4 @@ SPEC = PhaseSpec(
 
 _NO_BACKEND = "the kernel attention backend (kdtree.engine) does not exist yet"
 
-
-def check_token_exact(spec: TokenExactGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_BACKEND)
-
-
-def check_speedup(spec: SpeedupGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_BACKEND)
-
-
-CHECKS = {
-    "token_exact": check_token_exact,
-    "speedup": check_speedup,
-}
+CHECKS = not_yet_checks(SPEC, _NO_BACKEND)

@@ -7,8 +7,8 @@ path exists, the checks report ``not-implemented``.
 
 from __future__ import annotations
 
-from kdtree.gates.base import GateContext, GateResult, not_implemented
 from kdtree.gates.spec import GraphSafetyGateSpec, MetricGateSpec, PhaseSpec, Threshold
+from kdtree.phases import not_yet_checks
 
 SPEC = PhaseSpec(
     id="phase3",
@@ -42,21 +42,4 @@ SPEC = PhaseSpec(
 
 _NO_CAPTURE = "the CUDA-graph verify path does not exist yet"
 
-
-def check_replay_equal(spec: GraphSafetyGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_CAPTURE)
-
-
-def check_capture_clean(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_CAPTURE)
-
-
-def check_replay_speedup(spec: GraphSafetyGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_CAPTURE)
-
-
-CHECKS = {
-    "replay_equal": check_replay_equal,
-    "capture_clean": check_capture_clean,
-    "replay_speedup": check_replay_speedup,
-}
+CHECKS = not_yet_checks(SPEC, _NO_CAPTURE)

@@ -11,8 +11,8 @@ prove defrag costs nothing it must not. Until the work exists, the checks report
 
 from __future__ import annotations
 
-from kdtree.gates.base import GateContext, GateResult, not_implemented
 from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Threshold
+from kdtree.phases import not_yet_checks
 
 SPEC = PhaseSpec(
     id="phase4",
@@ -63,31 +63,4 @@ SPEC = PhaseSpec(
 
 _NO_DEFRAG = "the KV pool defragmentation (kdtree.engine) does not exist yet"
 
-
-def check_contiguity(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_DEFRAG)
-
-
-def check_copy_budget(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_DEFRAG)
-
-
-def check_kv_integrity(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_DEFRAG)
-
-
-def check_kernel_not_slower(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_DEFRAG)
-
-
-def check_benefit(spec: MetricGateSpec, ctx: GateContext) -> GateResult:
-    return not_implemented(spec.name, spec.kind, _NO_DEFRAG)
-
-
-CHECKS = {
-    "contiguity": check_contiguity,
-    "copy_budget": check_copy_budget,
-    "kv_integrity": check_kv_integrity,
-    "kernel_not_slower": check_kernel_not_slower,
-    "benefit": check_benefit,
-}
+CHECKS = not_yet_checks(SPEC, _NO_DEFRAG)
