@@ -39,10 +39,6 @@ def _accuracy(candidate):
     return run_check(spec, lambda s, c: phase1_work.check_accuracy(s, c, candidate, CPU_CASES), _ctx())
 
 
-def _reference_bf16(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-    return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale, out=out, lse=lse)
-
-
 def _wrong_mask_bit(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
     leaky = mask | 0x7FFFFFFF  # every node sees nodes 0..30, descendants and siblings included
     return tree_verify_mla_reference(q, kv, qo, kvp, idx, leaky, scale, out=out, lse=lse)
@@ -72,7 +68,7 @@ def _unwritten_rows(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
 
 
 def test_accuracy_gate_passes_the_oracle_in_bf16():
-    result = _accuracy(_reference_bf16)
+    result = _accuracy(tree_verify_mla_reference)
     assert result.outcome is Outcome.PASSED, result.summary
 
 
