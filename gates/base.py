@@ -165,12 +165,15 @@ def _no_progress(message: str, fraction: Optional[float] = None) -> None:
 class GateContext:
     """Where and how a check runs. Checks draw fresh randomness themselves (see `fresh_seed`)."""
 
-    device: str = "cpu"  # "cpu" or "cuda"
+    device: str = "cpu"  # where the gates run: "cpu" or "cuda"
     repo_root: Path = field(default_factory=Path.cwd)
     artifacts_dir: Optional[Path] = None  # where plots / tables may be written
     quick: bool = False  # smaller grids (tests, CI)
     progress: ProgressFn = _no_progress
     env: dict[str, str] = field(default_factory=dict)
+    # What the run was asked for ("auto", "cpu" or "cuda"); None means "the same as device".
+    # Only the wording of skip reasons depends on it.
+    requested_device: Optional[str] = None
 
     def fresh_seed(self) -> int:
         """A seed nobody chose: every trial of every run sees new inputs."""
@@ -201,7 +204,7 @@ def missing_requirement(requires: list[str], ctx: GateContext) -> Optional[str]:
                 return "torch is not installed"
         elif req == "cuda":
             if ctx.device == "cpu":
-                return "the run was asked for --device cpu"
+                return _why_cpu(ctx)
             if _cuda_capability() is None:
                 return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
         elif req.startswith("sm>="):
@@ -228,6 +231,20 @@ def missing_requirement(requires: list[str], ctx: GateContext) -> Optional[str]:
         else:
             return f"unknown requirement {req!r}"
     return None
+
+
+def _why_cpu(ctx: GateContext) -> str:
+    """Why a run on cpu has no CUDA: the user asked for cpu, or ``auto`` found no GPU."""
+    requested = ctx.requested_device or ctx.device
+    if requested == "cpu":
+        return "the run was asked for --device cpu"
+    try:
+        import torch  # noqa: F401, PLC0415
+    except Exception:
+        cause = "torch is not installed"
+    else:
+        cause = "torch.cuda.is_available() is False"
+    return f"no CUDA GPU is visible (--device {requested} chose cpu; {cause})"
 
 
 def _cuda_tool(name: str) -> Optional[str]:

@@ -25,7 +25,7 @@ CASES = [  # (H, [(T_b, L_b)], tree kind): short prefixes, splits, mask words, r
 
 def main() -> int:
     from kdtree.kernels import tree_verify_mla
-    from kdtree.kernels.devcheck import make_case
+    from kdtree.kernels.cases import make_case
     from kdtree.kernels.reference import tree_verify_mla_reference
 
     bad = 0

@@ -87,7 +87,8 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
     results: list[GateResult] = []
     for name in selected:
         spec = phase.spec.gate(name)
-        ctx = GateContext(device=resolved, repo_root=plan.root, artifacts_dir=artifacts,
+        ctx = GateContext(device=resolved, requested_device=device, repo_root=plan.root,
+                          artifacts_dir=artifacts,
                           progress=lambda msg, frac=None, _n=name: reporter.gate_progress(_n, msg, frac))
         reporter.gate_started(name)
         try:

@@ -39,7 +39,7 @@ SCATTER_CONFIGS = [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768), 
 
 
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
-    from kdtree.kernels.devcheck import make_case  # noqa: PLC0415
+    from kdtree.kernels.cases import make_case  # noqa: PLC0415
 
     return make_case(H, reqs, kind, seed, device=device)
 
@@ -62,7 +62,7 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None) -> Gat
     import torch  # noqa: PLC0415
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
-    from kdtree.kernels.devcheck import oracle  # noqa: PLC0415
+    from kdtree.kernels.cases import oracle  # noqa: PLC0415
 
     if candidate_fn is None:
         from kdtree.kernels import tree_verify_mla as candidate_fn  # noqa: PLC0415

@@ -108,3 +108,22 @@ def test_partial_run_alone_leaves_phase_pending(project):
     project.cli("run", "p1", "--gate", "speed", "--device", "cpu")
     assert project.phase("p1")["state"] == "pending"
     project.cli("run", "p2", "--device", "cpu", expect=2)
+
+
+@pytest.mark.parametrize("device_args, reason", [
+    ((), "no CUDA GPU is visible (--device auto chose cpu; torch.cuda.is_available() is False)"),
+    (("--device", "auto"),
+     "no CUDA GPU is visible (--device auto chose cpu; torch.cuda.is_available() is False)"),
+    (("--device", "cpu"), "the run was asked for --device cpu"),
+])
+def test_cuda_gate_skip_reason_tells_auto_from_an_explicit_cpu(tmp_path, monkeypatch, device_args, reason):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine with no GPU
+    extra = ('MetricGateSpec(name="gpu", requires=["cuda"], '
+             'thresholds=[Threshold(figure="f", op=">=", value=1)]),')
+    proj = make_project(tmp_path / "r", extra_gate=extra, extra_checks='"gpu": check_speed')
+    proj.cli("run", "p1", *device_args, expect=3)
+    gpu = proj.phase("p1")["last_run"]["gates"][2]
+    assert gpu["outcome"] == "skipped"
+    assert gpu["reason"] == reason
+    proj.forget_modules()
