@@ -12,7 +12,10 @@ Protocol:
 - ``agree(candidate_out, baseline_out) -> float`` is the disagreement held against
   ``spec.agree_max_rel_l2`` (default: worst rel-L2 over the output tensors, NaN/Inf = infinite);
 - ``timer(fn) -> seconds`` times one call (default `kdtree.gates.timing.default_timer`: CUDA
-  events on a CUDA device, perf_counter otherwise);
+  events on a CUDA device, perf_counter otherwise, both counting host launch time; pass a
+  `kdtree.gates.timing.cuda_event_timer` with a flush and a lead for GPU time only). A timer that
+  keeps ``host_seconds`` (a `QueuedTimer`) also gets each side's median host time per call
+  reported, and with a lead the calls whose host time overran it;
 - ``floor_s(config) -> seconds | None`` is the roofline floor of the config.
 
 Per config: agreement on every input set first (a config that disagrees is failed and its time
@@ -97,15 +100,23 @@ def _time_config(spec: SpeedupGateSpec, cfg: SpeedConfig, candidate, baseline, c
     else:
         row["status"] = "baseline skipped"
         row["message"] = f"{cfg.name}: baseline not run ({cfg.skip_reason or 'no reason given'})"
+    hosts: Optional[tuple[list[float], list[float]]] = ([], []) if hasattr(timer, "host_seconds") else None
     tc, tb = interleaved(lambda i: candidate(sets[i % len(sets)]),
                          (lambda i: baseline(sets[i % len(sets)])) if with_baseline else None,
-                         warmup=spec.warmup, repeats=spec.repeats, timer=timer)
+                         warmup=spec.warmup, repeats=spec.repeats, timer=timer, host=hosts)
     cand = Spread.of(tc)
     row["candidate"] = cand.ms()
     if with_baseline:
         base = Spread.of(tb)
         row["baseline"] = base.ms()
         row["speedup"] = base.median / cand.median if cand.median > 0 else math.inf
+    if hosts is not None:
+        lead = getattr(timer, "lead_s", 0.0) or 0.0
+        for side, seconds in zip(("candidate", "baseline"), hosts):
+            if seconds:
+                row[f"{side}_host_us"] = statistics.median(seconds) * 1e6
+                if lead:
+                    row[f"{side}_lead_overruns"] = sum(h > lead for h in seconds)
     floor = floor_s(cfg) if floor_s is not None else None
     if floor is not None:
         row["floor_ms"] = floor * 1e3
@@ -131,7 +142,10 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
     Figures: ``median_speedup`` (key, ``>= spec.min_median_speedup``), ``min_speedup``
     (``>= spec.min_each_speedup``), ``disagreeing_configs`` (must be 0), ``configs_timed``, and
     when the spec sets them ``median_roofline`` / ``min_roofline``. Details: ``configs`` (one row
-    per config: candidate and baseline median/min/max ms, speedup, roofline, status), ``timer``.
+    per config: candidate and baseline median/min/max ms, speedup, roofline, status, and with a
+    `QueuedTimer` ``candidate_host_us`` / ``baseline_host_us`` (median host time per call) and
+    ``*_lead_overruns``), ``timer`` (its label), and then ``host_us_median`` (median over configs
+    per side) and ``lead_overruns`` (calls per side whose host time exceeded the timer's lead).
     """
     configs = list(configs)
     if not configs:
@@ -171,6 +185,13 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
     messages = [r["message"] for r in impossible + disagree + [r for r in rows if r["status"] == "baseline skipped"]]
     details = {"configs": rows, "timer": timer_label(timer), "warmup": spec.warmup, "repeats": spec.repeats,
                "baseline": spec.baseline}
+    for side in ("candidate", "baseline"):
+        host = [r[f"{side}_host_us"] for r in rows if f"{side}_host_us" in r]
+        if host:
+            details.setdefault("host_us_median", {})[side] = statistics.median(host)
+        overruns = [r[f"{side}_lead_overruns"] for r in rows if f"{side}_lead_overruns" in r]
+        if overruns:
+            details.setdefault("lead_overruns", {})[side] = sum(overruns)
     if impossible:
         return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR, figures=figures,
                           summary="; ".join(messages[:3]), details=details)

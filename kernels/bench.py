@@ -6,9 +6,13 @@
 One run measures the copy bandwidth and the bf16 matmul rate, allocates one pool of random bf16
 latent rows (8 GB by default), then for every shape of the grid (`roofline.grid`) and layout
 (slots scattered over the pool, or one contiguous range) times each implementation on fresh
-random trees: CUDA-event timings after warm-up, rotating over a few input sets with the L2 flushed
-before every call, candidates interleaved. Outputs are checked against each other (rel-L2 against
-naive, else cuda) before their times count. A call that would take over 2 s is left out.
+random trees: CUDA-event timings after warm-up, rotating over a few input sets, candidates
+interleaved. Before every timed call the L2 is flushed and a GPU busy-wait of LEAD_S is queued,
+so the host enqueues the call while the GPU is still busy: the events measure the call's GPU time
+with a cold L2, not its host launch overhead (triton.testing.do_bench's and FlashInfer's practice).
+The host time each call took to return (its enqueue cost, behind the busy-wait) is kept per row
+as ``host_us``. Outputs are checked against each other (rel-L2 against naive, else cuda) before
+their times count. A call that would take over 2 s is left out.
 Writes bench.json (rows + machine facts), bench.md and two PNGs into --out (`bench_report`).
 
 `make_case`, `floor_seconds`, `measure_ceilings`, `bench_grid` and `time_interleaved` are the
@@ -51,6 +55,7 @@ TARGET_SECONDS = 0.3  # timed work per config and implementation
 MIN_REPS, MAX_REPS = 5, 200
 INPUT_SETS = 3
 FLUSH_BYTES = 256 * 2**20  # written before every timed call: larger than any GPU's L2
+LEAD_S = 200e-6  # GPU busy-wait queued before every timed call: longer than any launch path's host time
 SM_SCALE = 1.0 / math.sqrt(192.0)  # DeepSeek-V3's qk_head_dim
 ROW_BYTES = 576 * 2
 DEFAULT_OUT = "plans/results/phase1"
@@ -123,12 +128,33 @@ def _median(xs):
     return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
 
 
-def _event_times(fn: Callable[[], object], reps: int, before: Optional[Callable[[], object]] = None) -> list[float]:
-    """Seconds per call from CUDA events (``before`` runs outside the timed span)."""
+def busy_wait(device="cuda", seconds: float = LEAD_S) -> Optional[Callable[[], object]]:
+    """A callable that queues a GPU spin of at least ``seconds`` (``torch.cuda._sleep``), or None
+    off CUDA. Cycles come from the rated SM clock (the highest: the spin never ends early), or,
+    where torch does not report it, from timing a known spin once."""
+    if torch.device(device).type != "cuda" or seconds <= 0:
+        return None
+    khz = int(getattr(torch.cuda.get_device_properties(device), "clock_rate", 0) or 0)
+    if khz > 0:
+        hz = khz * 1e3
+    else:
+        n = 1 << 21
+        torch.cuda._sleep(n)  # busy while the timed spin is queued
+        hz = n / _event_times(lambda: torch.cuda._sleep(n), 1)[0]
+    cycles = math.ceil(seconds * hz)
+    return lambda: torch.cuda._sleep(cycles)
+
+
+def _event_times(fn: Callable[[], object], reps: int, before: Optional[Callable[[], object]] = None,
+                 lead: Optional[Callable[[], object]] = None) -> list[float]:
+    """Seconds per call from CUDA events; ``before`` (a flush) then ``lead`` (a `busy_wait`) run
+    ahead of each call, outside the timed span."""
     events = []
     for _ in range(reps):
         if before is not None:
             before()
+        if lead is not None:
+            lead()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -143,41 +169,50 @@ def measure_ceilings(device="cuda", copy_bytes: int = 2 * 2**30, matmul_n: int =
     """(copy bandwidth in bytes/s, bf16 matmul rate in FLOP/s), medians of CUDA-event timings.
 
     Bandwidth counts bytes read + written by a large device-to-device copy; the rate is an
-    n^3 ``torch.matmul`` of random bf16 matrices.
+    n^3 ``torch.matmul`` of random bf16 matrices; each timed call is queued behind a `busy_wait`.
     """
+    lead = busy_wait(device)
     src = torch.ones(copy_bytes // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     _event_times(lambda: dst.copy_(src), 3)
-    bw = 2 * copy_bytes / _median(_event_times(lambda: dst.copy_(src), reps))
+    bw = 2 * copy_bytes / _median(_event_times(lambda: dst.copy_(src), reps, lead=lead))
     del src, dst
     a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
     b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
     _event_times(lambda: torch.matmul(a, b), 3)
-    rate = 2 * matmul_n**3 / _median(_event_times(lambda: torch.matmul(a, b), reps))
+    rate = 2 * matmul_n**3 / _median(_event_times(lambda: torch.matmul(a, b), reps, lead=lead))
     return bw, rate
 
 
-def time_interleaved(calls: dict, reps: dict, flush: Optional[Callable[[], object]] = None) -> dict:
+def time_interleaved(calls: dict, reps: dict, flush: Optional[Callable[[], object]] = None,
+                     lead: Optional[Callable[[], object]] = None) -> tuple[dict, dict]:
     """Seconds per call of each ``calls[name](i)`` (i = repetition index), interleaved round-robin.
 
     Round r runs every implementation with ``reps[name] > r``, so candidates and baselines share
-    the same clocks and thermal state; ``flush`` (e.g. an L2 wipe) runs before every timed call.
+    the same clocks and thermal state; ``flush`` (e.g. an L2 wipe) then ``lead`` (a `busy_wait`)
+    run before every timed call, outside its events. Returns ``(gpu, host)``: per name, the
+    CUDA-event seconds of each call and the host seconds ``calls[name](i)`` took to return.
     """
     pending = {name: [] for name in calls}
+    host = {name: [] for name in calls}
     for r in range(max(reps.values(), default=0)):
         for name, call in calls.items():
             if r < reps[name]:
                 if flush is not None:
                     flush()
+                if lead is not None:
+                    lead()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                t0 = time.perf_counter()
                 call(r)
+                host[name].append(time.perf_counter() - t0)
                 end.record()
                 pending[name].append((start, end))
         if r % 16 == 15:
             torch.cuda.synchronize()  # keep the queue of outstanding events short
     torch.cuda.synchronize()
-    return {name: [s.elapsed_time(e) / 1e3 for s, e in evs] for name, evs in pending.items()}
+    return {name: [s.elapsed_time(e) / 1e3 for s, e in evs] for name, evs in pending.items()}, host
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -209,8 +244,12 @@ class _CostModel:
 
 
 def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: float, rate: float,
-                 seed: int, model: _CostModel, flush: Callable[[], object]) -> list[dict]:
-    """Rows for one shape and layout: every implementation checked, then timed interleaved."""
+                 seed: int, model: _CostModel, flush: Callable[[], object],
+                 lead: Optional[Callable[[], object]] = None, lead_s: float = LEAD_S) -> list[dict]:
+    """Rows for one shape and layout: every implementation checked, then timed interleaved.
+
+    ``lead`` is the busy-wait queued before each timed call (``lead_s`` long); a row notes the
+    calls whose host time exceeded it, since their GPU time may include host gaps."""
     cases = [make_case(shape.H, shape.T, shape.B, shape.L, layout, pool, seed + i) for i in range(INPUT_SETS)]
     floor = floor_seconds(cases[0], bw, rate)
     rows, outs, first = {}, {}, {}
@@ -226,7 +265,7 @@ def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: f
             outs[name] = [torch.empty(c["q"].shape[0], c["q"].shape[1], 512, dtype=torch.bfloat16,
                                       device=pool.device) for c in cases]
             fn(*case_args(cases[0]), out=outs[name][0])  # warm-up (compiles) and the output checked
-            t1 = _event_times(lambda: fn(*case_args(cases[1]), out=outs[name][1]), 1, flush)[0]
+            t1 = _event_times(lambda: fn(*case_args(cases[1]), out=outs[name][1]), 1, flush, lead)[0]
         except Exception as exc:  # noqa: BLE001 - one failing implementation must not end the run
             outs.pop(name, None)
             torch.cuda.empty_cache()
@@ -254,11 +293,19 @@ def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: f
     reps = {n: min(MAX_REPS, max(MIN_REPS, math.ceil(TARGET_SECONDS / max(first[n], 1e-6)))) for n in outs}
     calls = {n: (lambda r, n=n: fns[n](*case_args(cases[r % INPUT_SETS]), out=outs[n][r % INPUT_SETS]))
              for n in outs}
-    for name, times in time_interleaved(calls, reps, flush).items():
+    gpu, host = time_interleaved(calls, reps, flush, lead)
+    for name, times in gpu.items():
         med = _median(times)
         rows[name].update(median_ms=med * 1e3, min_ms=min(times) * 1e3, max_ms=max(times) * 1e3,
                           reps=len(times), gbps=bytes_moved(shape) / med / 1e9,
-                          tflops=flops(shape) / med / 1e12, fraction=floor / med)
+                          tflops=flops(shape) / med / 1e12, fraction=floor / med,
+                          host_us=_median(host[name]) * 1e6)
+        if lead is not None:
+            over = sum(h > lead_s for h in host[name])
+            rows[name]["lead_overruns"] = over
+            if over:
+                rows[name]["note"] = (rows[name]["note"] + f" host time > {lead_s * 1e6:g} µs lead in {over}/"
+                                      f"{len(times)} calls: those include host gaps").strip()
         if floor / med > 1.0:
             rows[name]["note"] = (rows[name]["note"] + " faster than the floor: measurement error?").strip()
     return list(rows.values())
@@ -351,10 +398,12 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
     pool = make_pool(pool_gb, device)
     log(f"pool: {pool.shape[0]} slots ({pool.numel() * 2 / 2**30:.1f} GiB)")
     scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    lead = busy_wait(device, LEAD_S)
     facts = machine_facts(bw, rate, argv, device)
     impl_errors = prepare(fns, pool, log)
     facts.update(pool_slots=pool.shape[0], layouts=list(layouts), impls=list(fns), impl_errors=impl_errors,
-                 not_run=[], agree_rel_l2=AGREE_REL_L2, anchors=list(ANCHOR_ORDER), skip_seconds=SKIP_SECONDS)
+                 not_run=[], agree_rel_l2=AGREE_REL_L2, anchors=list(ANCHOR_ORDER), skip_seconds=SKIP_SECONDS,
+                 flush_bytes=FLUSH_BYTES, lead_s=LEAD_S if lead is not None else 0.0)
     model, rows = _CostModel(), []
     todo = [(s, layout) for s in shapes for layout in layouts]
     for i, (shape, layout) in enumerate(todo, 1):
@@ -362,7 +411,7 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
             facts["not_run"].append(f"{shape.label} {layout}")
             continue
         seed = random.SystemRandom().randrange(2**31)
-        got = bench_config(shape, layout, fns, pool, bw, rate, seed, model, scratch.zero_)
+        got = bench_config(shape, layout, fns, pool, bw, rate, seed, model, scratch.zero_, lead)
         rows += got
         log(_progress(i, len(todo), shape, layout, got, started))
     if facts["not_run"]:

@@ -39,15 +39,29 @@ def _cell(row: Optional[dict]) -> tuple[str, str]:
     return text, f"{100 * row['fraction']:.1f} %"
 
 
+def _timing(facts: dict) -> str:
+    """How each call was timed, from the run's flush and lead (older runs had neither recorded)."""
+    flush, lead = facts.get("flush_bytes"), facts.get("lead_s")
+    if flush is None and lead is None:
+        return "the L2 flushed before each (host launch time included)"
+    wipe = f"the L2 wiped ({flush / 2**20:g} MiB written) before each" if flush else "no L2 flush"
+    if not lead:
+        return wipe + " (no busy-wait lead: host launch time included)"
+    return (f"{wipe} and a {lead * 1e6:g} µs GPU busy-wait queued ahead of it, so the host enqueues the call "
+            "while the GPU is busy and the events measure GPU time, not launch overhead; host µs (every-row "
+            "table) is the median time the Python call took to return, i.e. its enqueue cost (more where an "
+            "implementation synchronises, e.g. naive's .tolist())")
+
+
 def _long_table(rows: list[dict]) -> list[str]:
-    lines = ["| shape | layout | impl | status | median ms | min ms | max ms | reps | GB/s | TFLOP/s "
-             "| floor ms | % floor | check | note |", "|" + "---|" * 14]
+    lines = ["| shape | layout | impl | status | median ms | min ms | max ms | reps | host µs | GB/s | TFLOP/s "
+             "| floor ms | % floor | check | note |", "|" + "---|" * 15]
     for r in rows:
         timed = "median_ms" in r
         num = (lambda k, f: format(r[k], f) if k in r else "")  # noqa: E731
         lines.append("| " + " | ".join([
             r["label"], r["layout"], r["impl"], r["status"], num("median_ms", ".4g"), num("min_ms", ".4g"),
-            num("max_ms", ".4g"), str(r.get("reps", "")) if timed else "", num("gbps", ".0f"),
+            num("max_ms", ".4g"), str(r.get("reps", "")) if timed else "", num("host_us", ".3g"), num("gbps", ".0f"),
             num("tflops", ".1f"), f"{r['floor_ms']:.4g}", f"{100 * r['fraction']:.1f}" if "fraction" in r else "",
             _md(r.get("check", "")), _md(r.get("note", ""))]) + " |")
     return lines
@@ -64,7 +78,8 @@ def markdown_report(rows: list[dict], facts: dict) -> str:
              f"`{facts.get('command')}`", "",
              f"Measured ceilings: copy {facts.get('copy_bytes_per_s', 0) / 1e9:.0f} GB/s, bf16 matmul "
              f"{facts.get('bf16_flops_per_s', 0) / 1e12:.0f} TFLOP/s. Floor = max(bytes / copy bw, FLOPs / matmul "
-             "rate); times are median (min–max) ms of CUDA events; % = floor / median. "
+             f"rate); times are median (min–max) ms of CUDA events around each call, {_timing(facts)}; "
+             "% = floor / median. "
              f"Outputs are checked against the first of {', '.join(anchors)} that ran "
              f"(rel-L2 ≤ {facts.get('agree_rel_l2', 2e-2)}); ✗ marks disagreement. "
              f"Calls over {facts.get('skip_seconds', 2.0):g} s are left out."]

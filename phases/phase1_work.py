@@ -128,8 +128,11 @@ class _Pool:
         self.tensor = make_pool(gb)
 
 
-def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
+def _speed(spec, ctx: GateContext, baseline_name: str, lead_s: float = 200e-6) -> GateResult:
+    """Kernel vs baseline; each timed call behind an L2 wipe and a ``lead_s`` GPU busy-wait, so
+    the gate compares GPU time (host enqueue time is reported per side in the details)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
+    from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case, measure_ceilings  # noqa: PLC0415
     from kdtree.kernels.roofline import Shape, floor_seconds  # noqa: PLC0415
@@ -150,6 +153,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
     result = check_speedup(spec, configs, lambda c: tree_verify_mla(*case_args(c)),
                            lambda c: baseline_fn(*case_args(c)), ctx,
+                           timer=cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=lead_s),
                            floor_s=lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate))
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     return result
@@ -163,33 +167,38 @@ def check_speedup_naive(spec, ctx: GateContext) -> GateResult:
     return _speed(spec, ctx, "naive")
 
 
-def check_scatter(spec, ctx: GateContext) -> GateResult:
+def check_scatter(spec, ctx: GateContext, lead_s: float = 200e-6) -> GateResult:
+    """The kernel on scattered vs contiguous slots, same shapes, GPU time (L2 wiped, ``lead_s``
+    busy-wait before each call) interleaved; host enqueue time per layout in the details."""
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
-    from kdtree.gates.timing import cuda_event_timer  # noqa: PLC0415
+    from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case  # noqa: PLC0415
 
     pool = _Pool(8.0).tensor
-    timer = cuda_event_timer()
+    timer = cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=lead_s)
     rows = []
     for H, T, B, L in SCATTER_CONFIGS:
         seed = ctx.fresh_seed()
         cases = {lay: [make_case(H, T, B, L, lay, pool, seed + i) for i in range(3)]
                  for lay in ("scattered", "contiguous")}
         times = {"scattered": [], "contiguous": []}
+        host = {"scattered": [], "contiguous": []}
         for lay, sets in cases.items():
             for c in sets:
                 tree_verify_mla(*case_args(c))
         for r in range(30):  # interleaved: scattered, contiguous, scattered, ...
             for lay, sets in cases.items():
                 times[lay].append(timer(lambda c=sets[r % 3]: tree_verify_mla(*case_args(c))))
+                host[lay].append(timer.host_seconds[-1])
         s, c = statistics.median(times["scattered"]), statistics.median(times["contiguous"])
         rows.append({"config": f"H{H} T{T} B{B} L{L}", "scattered_ms": s * 1e3, "contiguous_ms": c * 1e3,
-                     "ratio": s / c})
+                     "ratio": s / c, "scattered_host_us": statistics.median(host["scattered"]) * 1e6,
+                     "contiguous_host_us": statistics.median(host["contiguous"]) * 1e6})
     slowdown = statistics.median(r["ratio"] for r in rows)
     return check_metric(spec, {"scatter_slowdown": slowdown,
                                "worst_scatter_slowdown": max(r["ratio"] for r in rows)}, ctx,
-                        details={"configs": rows})
+                        details={"configs": rows, "timer": timer.label, "lead_overruns": timer.overruns})
 
 
 def check_sanitizer(spec, ctx: GateContext) -> GateResult:

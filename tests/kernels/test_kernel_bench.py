@@ -1,5 +1,6 @@
 """The benchmark's CPU-testable parts: inputs, the per-config logic (CUDA events faked by a host
-clock), the JSON / markdown / PNG report from synthetic rows, the CLI without a GPU, the roofline."""
+clock), the JSON / markdown / PNG report from synthetic rows, the CLI without a GPU, the roofline;
+on a GPU, that the busy-wait lead keeps host time out of the timings."""
 
 from __future__ import annotations
 
@@ -73,10 +74,13 @@ def test_grids():
 class _HostEvent:
     """Stands in for torch.cuda.Event on the CPU (work is synchronous there)."""
 
+    log: list = []
+
     def __init__(self, enable_timing=True):
         self.t = None
 
     def record(self):
+        self.log.append("record")
         self.t = time.perf_counter()
 
     def elapsed_time(self, other):
@@ -122,6 +126,34 @@ def test_bench_config_checks_skips_and_times(pool, monkeypatch):
     assert by["naive"]["status"] == "ok" and by["naive"]["check"].startswith("unchecked")
 
 
+def test_time_interleaved_flushes_then_leads_then_times_and_returns_host_seconds(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    log = []
+    monkeypatch.setattr(_HostEvent, "log", log)
+    calls = {"a": lambda r: log.append(f"a{r}"), "b": lambda r: (log.append(f"b{r}"), time.sleep(0.002))}
+    gpu, host = bench.time_interleaved(calls, {"a": 2, "b": 1}, flush=lambda: log.append("flush"),
+                                       lead=lambda: log.append("lead"))
+    one = ["flush", "lead", "record"]
+    assert log == one + ["a0", "record"] + one + ["b0", "record"] + one + ["a1", "record"]
+    assert [len(gpu["a"]), len(gpu["b"]), len(host["a"]), len(host["b"])] == [2, 1, 2, 1]
+    assert host["b"][0] >= 0.002 and host["a"][0] < host["b"][0]
+    assert bench.busy_wait("cpu") is None  # no lead off CUDA
+
+
+def test_bench_config_reports_host_time_and_lead_overruns(pool, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.01)
+    leads = []
+    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", {"naive": tree_verify_mla_naive}, pool,
+                              1e12, 1e14, seed=3, model=bench._CostModel(), flush=lambda: None,
+                              lead=lambda: leads.append(1), lead_s=1e-9)
+    (row,) = rows
+    assert row["host_us"] > 0 and len(leads) == 1 + row["reps"]  # the first call and every timed one
+    assert row["lead_overruns"] == row["reps"] and "host time > 0.001 µs lead" in row["note"]
+
+
 def _synthetic_rows():
     rows = []
     for s in [roofline.Shape(8, 16, 1, 4096), roofline.Shape(8, 16, 1, 32768), roofline.Shape(64, 256, 8, 131072)]:
@@ -132,7 +164,7 @@ def _synthetic_rows():
                 row = dict(H=s.H, T=s.T, B=s.B, L=s.L, layout=layout, impl=impl, label=s.label,
                            floor_ms=floor * 1e3, bytes=roofline.bytes_moved(s), flops=roofline.flops(s),
                            status="ok", note="", median_ms=med * 1e3, min_ms=med * 900, max_ms=med * 1200,
-                           reps=5, gbps=1.0, tflops=1.0, fraction=1 / slowdown)
+                           reps=5, gbps=1.0, tflops=1.0, fraction=1 / slowdown, host_us=12.34)
                 if impl == "triton" and s.L == 131072:
                     row = {k: v for k, v in row.items() if k not in ("median_ms", "fraction")}
                     row.update(status="skipped", note="est. 3.4 s/call > 2 s (cost model)")
@@ -147,7 +179,7 @@ def test_write_report_from_synthetic_rows(tmp_path):
     facts = dict(gpu="NVIDIA H200", sm="9.0", driver="580.1", torch="2.11", triton="3.6", nvcc="13.0",
                  git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.kernels.bench",
                  copy_bytes_per_s=4.2e12, bf16_flops_per_s=7.9e14, not_run=["H128 T1024 B1 L128k scattered"],
-                 impl_errors={})
+                 impl_errors={}, flush_bytes=256 * 2**20, lead_s=200e-6)
     paths = bench_report.write_report(rows, facts, tmp_path / "out")
     assert [p.name for p in paths] == ["bench.json", "bench.md", "bench_time.png", "bench_roofline.png"]
     data = json.loads(paths[0].read_text())
@@ -157,6 +189,10 @@ def test_write_report_from_synthetic_rows(tmp_path):
     assert md.count("\n| 8 | 16 | 1 | 4k |") == 2 and "## every row" in md
     assert "skipped (est. 3.4 s/call" in md and "✗" in md and "40.0×" in md
     assert "Not run (time budget spent): 1 configs" in md
+    assert "L2 wiped (256 MiB written)" in md and "200 µs GPU busy-wait" in md
+    every = md.split("## every row")[1].splitlines()
+    assert "| reps | host µs | GB/s |" in every[2]
+    assert every[4].startswith("| H8 T16 B1 L4k | scattered | cuda | ok |") and "| 5 | 12.3 | 1 |" in every[4]
     for png in paths[2:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -209,3 +245,20 @@ def test_main_writes_the_report(host_clock, monkeypatch, tmp_path):
                                                                   ("H8 T16 B1 L32k", "contiguous")]
     assert (out / "bench.md").exists() and (out / "bench_roofline.png").exists()
     assert bench.main(["--filter", "no such shape"]) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_busy_wait_keeps_host_time_out_of_the_timings():
+    x = torch.ones(1024, device="cuda")
+    x.add_(1)
+    torch.cuda.synchronize()
+
+    def call(r):
+        time.sleep(0.005)  # 5 ms on the host before the launch
+        x.add_(1)
+
+    plain, plain_host = bench.time_interleaved({"k": call}, {"k": 3})
+    led, led_host = bench.time_interleaved({"k": call}, {"k": 3}, lead=bench.busy_wait("cuda", 0.02))
+    assert min(plain["k"]) >= 0.0049, plain  # idle GPU: the host's 5 ms are counted
+    assert max(led["k"]) < 0.0025, led  # queued behind the busy-wait: only GPU time
+    assert min(led_host["k"]) >= 0.005  # host time reported separately
