@@ -27,7 +27,9 @@ class LaunchPlan:
     """How one call is cut up: KV splits per request, kernel variant, grid rows per request.
 
     `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
-    kernel (32 rows per CTA, bulk-copy producer warp; sm_90 and newer).
+    kernel (32 rows per CTA, bulk-copy producer warp); 4 is the 64-row kernel of two 32-row
+    warp groups (fewer shared-memory bytes per MMA, for tensor-core-bound shapes). 3 and 4 use
+    the bulk copy engine and mbarriers, so they need sm_90 or newer.
     """
 
     num_splits: int
@@ -36,14 +38,17 @@ class LaunchPlan:
 
     @property
     def block_m(self) -> int:
-        return 16 if self.variant == 1 else 32
+        return BLOCK_M[self.variant]
 
 
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3}
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "g64": 4}
+BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
 
 
 def choose_variant(rows_per_request: float, capability: tuple[int, int]) -> int:
-    """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel."""
+    """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel (base32
+    before sm_90). KDTREE_VARIANT overrides; g64 is opt-in only: on the H200 it measured slower
+    than ws on every shape tried (plan 0002, phase 1, version v3)."""
     forced = os.environ.get("KDTREE_VARIANT")
     if forced:
         if forced not in VARIANTS:
@@ -60,7 +65,7 @@ def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_
     total_rows = num_rows * num_heads
     rows_per_request = total_rows / batch
     variant = choose_variant(rows_per_request, capability)
-    block_m = 16 if variant == 1 else 32
+    block_m = BLOCK_M[variant]
     max_tree = min(num_rows, 32 * mask_words)
     grid_y = math.ceil(max_tree * num_heads / block_m)
     ctas = batch * math.ceil(rows_per_request / block_m)

@@ -4,6 +4,7 @@
 
 #include "tree_verify_mla.cuh"
 #include "tree_verify_mla_ws.cuh"
+#include "tree_verify_mla_g64.cuh"
 #include "tree_verify_mla_launch.h"
 
 namespace kdtree {
@@ -39,6 +40,11 @@ cudaError_t launch_ws(const TreeVerifyParams& p, int grid_y, cudaStream_t stream
   return launch_kernel(tree_verify_mla_ws_kernel, ws::Smem::total, ws::kThreadsWS, p, grid_y, stream, configured);
 }
 
+cudaError_t launch_g64(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
+  static bool configured[64] = {false};
+  return launch_kernel(tree_verify_mla_g64_kernel, g64::Smem::total, g64::kThreads, p, grid_y, stream, configured);
+}
+
 }  // namespace
 
 cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream) {
@@ -51,13 +57,26 @@ cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_
       return launch_mt<2>(p, grid_y, stream);
     case 3:  // warp-specialised, 32 rows per CTA, sm_90+ (bulk copy + mbarrier)
       return launch_ws(p, grid_y, stream);
+    case 4:  // 64 rows per CTA in two 32-row groups, sm_90+ (bulk copy + mbarrier)
+      return launch_g64(p, grid_y, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
 int shared_bytes(int m_tiles) {
-  return m_tiles == 1 ? SmemLayout<1>::total : m_tiles == 2 ? SmemLayout<2>::total : ws::Smem::total;
+  switch (m_tiles) {
+    case 1:
+      return SmemLayout<1>::total;
+    case 2:
+      return SmemLayout<2>::total;
+    case 3:
+      return ws::Smem::total;
+    case 4:
+      return g64::Smem::total;
+    default:
+      return -1;
+  }
 }
 
 }  // namespace kdtree
