@@ -17,6 +17,11 @@
 
 namespace kdtree {
 
+// Measurement knob: how many QK steps of key fragments are in flight ahead of the MMAs.
+#ifndef WS_QK_AHEAD
+#define WS_QK_AHEAD 3
+#endif
+
 namespace ws {
 constexpr int kGroups = 2;
 constexpr int kGroupThreads = 128;
@@ -159,15 +164,22 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 #pragma unroll
         for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
       const __nv_bfloat16* kb = tK + ((mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
-      uint32_t b0[2][4], b1[2][4];  // fragments of step kk + 1 load while step kk multiplies
-      ldmatrix_x4(b0[0], kb);
-      ldmatrix_x4(b1[0], kb + 16 * kKRow);
+      // Fragments of steps kk + 1 .. kk + kAhead load while step kk multiplies: with two warps
+      // per scheduler, one step ahead left the tensor pipe waiting on ldmatrix latency.
+      constexpr int kAhead = WS_QK_AHEAD;
+      uint32_t b0[kAhead + 1][4], b1[kAhead + 1][4];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) {
+        ldmatrix_x4(b0[a], kb + a * 16);
+        ldmatrix_x4(b1[a], kb + 16 * kKRow + a * 16);
+      }
 #pragma unroll
       for (int kk = 0; kk < kStepsPerSlice; ++kk) {
-        const int cur = kk & 1;
-        if (kk + 1 < kStepsPerSlice) {
-          ldmatrix_x4(b0[cur ^ 1], kb + (kk + 1) * 16);
-          ldmatrix_x4(b1[cur ^ 1], kb + 16 * kKRow + (kk + 1) * 16);
+        const int cur = kk % (kAhead + 1);
+        if (kk + kAhead < kStepsPerSlice) {
+          const int nxt = (kk + kAhead) % (kAhead + 1);
+          ldmatrix_x4(b0[nxt], kb + (kk + kAhead) * 16);
+          ldmatrix_x4(b1[nxt], kb + 16 * kKRow + (kk + kAhead) * 16);
         }
         mma_bf16_16816(sacc[0], qf[kk], b0[cur][0], b0[cur][1]);
         mma_bf16_16816(sacc[1], qf[kk], b0[cur][2], b0[cur][3]);
@@ -268,13 +280,14 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         uint32_t pa[4];
         ldmatrix_x4(pa, sP + ((mi & 1) * 8 + (lane & 7)) * kPStride + kk * 16 + (mi >> 1) * 8);
         const __nv_bfloat16* vrow = tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + ks * 128 + (mi >> 1) * 8;
-        uint32_t vb[2][4];
-        ldmatrix_x4_trans(vb[0], vrow);
+        // All eight V fragments of the step are requested before the first MMA needs one.
+        uint32_t vb[8][4];
+#pragma unroll
+        for (int np = 0; np < 8; ++np) ldmatrix_x4_trans(vb[np], vrow + np * 16);
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
-          if (np + 1 < 8) ldmatrix_x4_trans(vb[(np + 1) & 1], vrow + (np + 1) * 16);
-          mma_bf16_16816(acc[2 * np], pa, vb[np & 1][0], vb[np & 1][1]);
-          mma_bf16_16816(acc[2 * np + 1], pa, vb[np & 1][2], vb[np & 1][3]);
+          mma_bf16_16816(acc[2 * np], pa, vb[np][0], vb[np][1]);
+          mma_bf16_16816(acc[2 * np + 1], pa, vb[np][2], vb[np][3]);
         }
       }
     }
