@@ -62,6 +62,62 @@ struct SmemLayout {
 };
 static_assert(SmemLayout<2>::total <= 101376, "must fit sm_120's per-block shared memory");
 
+// What one CTA works on: its request's query rows [row0, row0 + bm) and its KV split
+// [kbeg, kend) of the request's N = Lp + T slots. Shared by every variant.
+struct BlockRange {
+  int qo0, T, rows, row0, kv0, Lp, kbeg, kend;
+  int64_t grow0;  // global index of row0
+};
+
+// False when the CTA has nothing to do: no rows, a malformed request, or an empty split (whose
+// partial lse it marks massless, so combine_splits skips it).
+__device__ __forceinline__ bool block_range(const TreeVerifyParams& p, int split, int rb, int b, int bm,
+                                            BlockRange& r) {
+  r.qo0 = p.qo_indptr[b];
+  r.T = p.qo_indptr[b + 1] - r.qo0;
+  r.rows = r.T * p.num_heads;
+  r.row0 = rb * bm;
+  if (r.T <= 0 || r.row0 >= r.rows) return false;
+  r.kv0 = p.kv_indptr[b];
+  const int N = p.kv_indptr[b + 1] - r.kv0;
+  r.Lp = N - r.T;
+  if (r.Lp < 0) return false;
+  int chunk = (N + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  r.kbeg = split * chunk;
+  r.kend = min(N, r.kbeg + chunk);
+  r.grow0 = static_cast<int64_t>(r.qo0) * p.num_heads + r.row0;
+  if (r.kbeg >= r.kend) {
+    const int t = threadIdx.x;
+    if (t < bm && r.row0 + t < r.rows) p.ws_lse[split * p.total_rows + r.grow0 + t] = -CUDART_INF_F;
+    return false;
+  }
+  return true;
+}
+
+// Visibility of keys j0 .. j0 + n - 1 (n <= 32) for a query row whose packed tree-mask row is
+// `mask_row`: bit k set = key j0 + k visible. Prefix keys (j < Lp) are always visible; tree key
+// j is visible when bit j - Lp of the row is set. KD_BREAK 1 and 2 corrupt it (gate tests only).
+__device__ __forceinline__ uint64_t tree_visible_bits(const int32_t* mask_row, int mask_words, int j0, int n,
+                                                      int Lp) {
+  uint64_t bits = ~0ull;
+  if (j0 + n > Lp) {
+    const int tj = max(j0 - Lp, 0);
+    const int w = tj >> 5;
+    const uint32_t lo = static_cast<uint32_t>(__ldg(mask_row + w));
+    const uint32_t hi = (w + 1 < mask_words) ? static_cast<uint32_t>(__ldg(mask_row + w + 1)) : 0u;
+    const uint64_t word = (static_cast<uint64_t>(hi) << 32 | lo) >> (tj & 31);
+    const int shift = j0 - Lp;  // may be negative: the first -shift keys are prefix
+    bits = shift >= 0 ? word : ((word << (-shift)) | ((1ull << (-shift)) - 1));
+    if (KD_BREAK & 1) bits = ((bits >> 1) & 0x5555555555555555ull) | ((bits << 1) & 0xAAAAAAAAAAAAAAAAull);
+  }
+  if (KD_BREAK & 2) {
+    for (int k = 0; k < n; ++k)
+      if (j0 + k < Lp) bits &= ~(1ull << k);
+  }
+  return bits;
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const TreeVerifyParams p) {
   constexpr int BM = 16 * MT;
@@ -81,25 +137,11 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
   const int g = lane >> 2, t4 = lane & 3;
   const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
 
-  const int qo0 = p.qo_indptr[b];
-  const int T = p.qo_indptr[b + 1] - qo0;
-  const int rows = T * p.num_heads;
-  const int row0 = rb * BM;
-  if (T <= 0 || row0 >= rows) return;
-  const int kv0 = p.kv_indptr[b];
-  const int N = p.kv_indptr[b + 1] - kv0;
-  const int Lp = N - T;  // prefix length
-  if (Lp < 0) return;
-  int chunk = (N + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
-  const int kbeg = split * chunk;
-  const int kend = min(N, kbeg + chunk);
-  const int64_t grow0 = static_cast<int64_t>(qo0) * p.num_heads + row0;
-
-  if (kbeg >= kend) {  // an empty split: its partial has no mass
-    if (tid < BM && row0 + tid < rows) p.ws_lse[split * p.total_rows + grow0 + tid] = -CUDART_INF_F;
-    return;
-  }
+  BlockRange br;
+  if (!block_range(p, split, rb, b, BM, br)) return;
+  const int qo0 = br.qo0, T = br.T, rows = br.rows, row0 = br.row0, kv0 = br.kv0, Lp = br.Lp;
+  const int kbeg = br.kbeg, kend = br.kend;
+  const int64_t grow0 = br.grow0;
 
   // ---- query fragments for this warp's dim slice, for the whole kernel ----
   const int ks = warp & 3, kh = warp >> 2;

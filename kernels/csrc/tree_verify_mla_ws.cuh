@@ -57,24 +57,11 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
   constexpr int BM = kGroups * kRows;
 
-  const int qo0 = p.qo_indptr[b];
-  const int T = p.qo_indptr[b + 1] - qo0;
-  const int rows = T * p.num_heads;
-  const int row0 = rb * BM;
-  if (T <= 0 || row0 >= rows) return;
-  const int kv0 = p.kv_indptr[b];
-  const int N = p.kv_indptr[b + 1] - kv0;
-  const int Lp = N - T;
-  if (Lp < 0) return;
-  int chunk = (N + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
-  const int kbeg = split * chunk;
-  const int kend = min(N, kbeg + chunk);
-  const int64_t grow0 = static_cast<int64_t>(qo0) * p.num_heads + row0;
-  if (kbeg >= kend) {
-    if (tid < BM && row0 + tid < rows) p.ws_lse[split * p.total_rows + grow0 + tid] = -CUDART_INF_F;
-    return;
-  }
+  BlockRange br;
+  if (!block_range(p, split, rb, b, BM, br)) return;
+  const int qo0 = br.qo0, T = br.T, rows = br.rows, row0 = br.row0, kv0 = br.kv0, Lp = br.Lp;
+  const int kbeg = br.kbeg, kend = br.kend;
+  const int64_t grow0 = br.grow0;
   const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
 
   // Zero both stages once: rows past kend are never copied, and must hold finite values (P = 0).
@@ -211,21 +198,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         s[3] = (v0.w + v1.w) + (v2.w + v3.w);
       }
       const int j0 = tile_base + sc * kKPT;
-      uint64_t bits = ~0ull;  // bit k: key j0 + k visible through the tree mask
-      if (j0 + kKPT > Lp) {
-        const int tj = max(j0 - Lp, 0);
-        const int w = tj >> 5;
-        const uint32_t lo = static_cast<uint32_t>(__ldg(mask_row + w));
-        const uint32_t hi = (w + 1 < p.mask_words) ? static_cast<uint32_t>(__ldg(mask_row + w + 1)) : 0u;
-        const uint64_t word = (static_cast<uint64_t>(hi) << 32 | lo) >> (tj & 31);
-        const int shift = j0 - Lp;  // may be negative: the first -shift keys are prefix
-        bits = shift >= 0 ? word : ((word << (-shift)) | ((1ull << (-shift)) - 1));
-        if (KD_BREAK & 1) bits = ((bits >> 1) & 0x5555555555555555ull) | ((bits << 1) & 0xAAAAAAAAAAAAAAAAull);
-      }
-      if (KD_BREAK & 2) {
-        for (int k = 0; k < kKPT; ++k)
-          if (j0 + k < Lp) bits &= ~(1ull << k);
-      }
+      const uint64_t bits = tree_visible_bits(mask_row, p.mask_words, j0, kKPT, Lp);
       float tmax = -CUDART_INF_F;
 #pragma unroll
       for (int k = 0; k < kKPT; ++k) {
