@@ -2,12 +2,14 @@
 
     python -m kdtree.kernels.bench [--quick] [--impl cuda --impl triton ...] [--layout both]
                                    [--pool-gb 8] [--out plans/results/phase1] [--filter REGEX]
+                                   [--flush read|write]
 
 One run measures the copy bandwidth and the bf16 matmul rate, allocates one pool of random bf16
 latent rows (8 GB by default), then for every shape of the grid (`roofline.grid`) and layout
 (slots scattered over the pool, or one contiguous range) times each implementation on fresh
 random trees: CUDA-event timings after warm-up, rotating over a few input sets, candidates
-interleaved. Before every timed call the L2 is flushed and a GPU busy-wait of LEAD_S is queued,
+interleaved. Before every timed call the L2 is flushed (by default by reading a buffer twice its
+size, so that it holds no dirty lines: `l2_flush`) and a GPU busy-wait of LEAD_S is queued,
 so the host enqueues the call while the GPU is still busy: the events measure the call's GPU time
 with a cold L2, not its host launch overhead (triton.testing.do_bench's and FlashInfer's practice).
 The host time each call took to return (its enqueue cost, behind the busy-wait) is kept per row
@@ -54,7 +56,8 @@ SKIP_SECONDS = 2.0
 TARGET_SECONDS = 0.3  # timed work per config and implementation
 MIN_REPS, MAX_REPS = 5, 200
 INPUT_SETS = 3
-FLUSH_BYTES = 256 * 2**20  # written before every timed call: larger than any GPU's L2
+FLUSH_BYTES = 256 * 2**20  # streamed before every timed call: larger than any GPU's L2
+FLUSH_MODES = ("read", "write")
 LEAD_S = 200e-6  # GPU busy-wait queued before every timed call: longer than any launch path's host time
 SM_SCALE = 1.0 / math.sqrt(192.0)  # DeepSeek-V3's qk_head_dim
 ROW_BYTES = 576 * 2
@@ -388,8 +391,24 @@ def _progress(i: int, n: int, shape: Shape, layout: str, rows: list[dict], start
     return f"[{i}/{n} {time.time() - started:5.0f} s] {shape.label} {layout}: " + " | ".join(parts)
 
 
+def l2_flush(scratch: torch.Tensor, mode: str = "read") -> Callable[[], object]:
+    """A callable that wipes the L2 with ``scratch`` (larger than the L2).
+
+    ``read`` streams through it (a max-reduction), so the L2 is left holding clean lines and the
+    timed call pays for no one else's write-backs; ``write`` zeroes it, leaving the L2 full of
+    dirty lines that the timed call's misses must first write back to HBM.
+    """
+    if mode == "write":
+        return scratch.zero_
+    if mode != "read":
+        raise ValueError(f"flush mode must be one of {FLUSH_MODES}, got {mode!r}")
+    words = scratch.view(torch.int32)
+    return lambda: torch.amax(words)
+
+
 def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb: float,
-        budget_s: float, argv: list[str], log=print, device="cuda") -> tuple[list[dict], dict]:
+        budget_s: float, argv: list[str], log=print, device="cuda",
+        flush_mode: str = "read") -> tuple[list[dict], dict]:
     """Measure the ceilings, then every (shape, layout); stop starting configs after budget_s."""
     started = time.time()
     fns = load_impls(impl_names)
@@ -397,13 +416,14 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
     log(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     pool = make_pool(pool_gb, device)
     log(f"pool: {pool.shape[0]} slots ({pool.numel() * 2 / 2**30:.1f} GiB)")
-    scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    scratch = torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    flush = l2_flush(scratch, flush_mode)
     lead = busy_wait(device, LEAD_S)
     facts = machine_facts(bw, rate, argv, device)
     impl_errors = prepare(fns, pool, log)
     facts.update(pool_slots=pool.shape[0], layouts=list(layouts), impls=list(fns), impl_errors=impl_errors,
                  not_run=[], agree_rel_l2=AGREE_REL_L2, anchors=list(ANCHOR_ORDER), skip_seconds=SKIP_SECONDS,
-                 flush_bytes=FLUSH_BYTES, lead_s=LEAD_S if lead is not None else 0.0)
+                 flush_bytes=FLUSH_BYTES, flush_mode=flush_mode, lead_s=LEAD_S if lead is not None else 0.0)
     model, rows = _CostModel(), []
     todo = [(s, layout) for s in shapes for layout in layouts]
     for i, (shape, layout) in enumerate(todo, 1):
@@ -411,7 +431,7 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
             facts["not_run"].append(f"{shape.label} {layout}")
             continue
         seed = random.SystemRandom().randrange(2**31)
-        got = bench_config(shape, layout, fns, pool, bw, rate, seed, model, scratch.zero_, lead)
+        got = bench_config(shape, layout, fns, pool, bw, rate, seed, model, flush, lead)
         rows += got
         log(_progress(i, len(todo), shape, layout, got, started))
     if facts["not_run"]:
@@ -432,6 +452,8 @@ def main(argv=None) -> int:
     parser.add_argument("--filter", help="regex on the shape label, e.g. 'H64 T16' or 'L128k'")
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="start no new config after this many seconds (the device lease is short)")
+    parser.add_argument("--flush", choices=FLUSH_MODES, default="read",
+                        help="how the L2 is wiped before each timed call (read: leaves it clean)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kdtree.kernels.bench: no CUDA GPU on this machine (torch.cuda.is_available() is False); "
@@ -444,7 +466,8 @@ def main(argv=None) -> int:
         print(f"kdtree.kernels.bench: --filter {args.filter!r} matches no shape", file=sys.stderr)
         return 2
     layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
-    rows, facts = run(args.impl or list(IMPLEMENTATIONS), shapes, layouts, args.pool_gb, args.budget_s, argv)
+    rows, facts = run(args.impl or list(IMPLEMENTATIONS), shapes, layouts, args.pool_gb, args.budget_s, argv,
+                      flush_mode=args.flush)
     for path in write_report(rows, facts, args.out):
         print(f"wrote {path}")
     return 0

@@ -44,7 +44,9 @@ def _timing(facts: dict) -> str:
     flush, lead = facts.get("flush_bytes"), facts.get("lead_s")
     if flush is None and lead is None:
         return "the L2 flushed before each (host launch time included)"
-    wipe = f"the L2 wiped ({flush / 2**20:g} MiB written) before each" if flush else "no L2 flush"
+    how = {"read": "read, leaving it clean", "write": "written, leaving it dirty"}.get(
+        facts.get("flush_mode", "write"), "streamed")
+    wipe = f"the L2 wiped ({flush / 2**20:g} MiB {how}) before each" if flush else "no L2 flush"
     if not lead:
         return wipe + " (no busy-wait lead: host launch time included)"
     return (f"{wipe} and a {lead * 1e6:g} µs GPU busy-wait queued ahead of it, so the host enqueues the call "

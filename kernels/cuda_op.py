@@ -1,88 +1,19 @@
 """The owned CUDA kernel behind `kdtree.kernels.tree_verify_mla`: validation, launch plan, call.
 
-The launch plan (how many KV splits, which row tile) is chosen from tensor *shapes* only, so a
-call never synchronises the device and can be captured in a CUDA graph. Split partials go to a
-per-device workspace allocated once, on the first call for that device: warm up before capture.
+The launch plan (how many KV splits, which row tile; `kdtree.kernels.launch_plan`) is chosen
+from tensor *shapes* only, so a call never synchronises the device and can be captured in a CUDA
+graph. Split partials go to a per-device workspace allocated once, on the first call for that device: warm up before capture.
 Pass `out` (and `lse`) to make a call allocation-free.
 """
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from kdtree.kernels.contract import LATENT_DIM, validate
-
-BLOCK_N = 32
-WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
-MAX_SPLITS = 1024
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """How one call is cut up: KV splits per request, kernel variant, grid rows per request.
-
-    `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
-    kernel (32 rows per CTA, bulk-copy producer warp); 4 is the 64-row kernel of two 32-row
-    warp groups (fewer shared-memory bytes per MMA, for tensor-core-bound shapes). 3 and 4 use
-    the bulk copy engine and mbarriers, so they need sm_90 or newer.
-    """
-
-    num_splits: int
-    variant: int
-    grid_y: int
-
-    @property
-    def block_m(self) -> int:
-        return BLOCK_M[self.variant]
-
-
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "g64": 4}
-BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
-
-
-def choose_variant(rows_per_request: float, capability: tuple[int, int]) -> int:
-    """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel (base32
-    before sm_90). KDTREE_VARIANT overrides; g64 is opt-in only: on the H200 it measured slower
-    than ws on every shape tried (plan 0002, phase 1, version v3)."""
-    forced = os.environ.get("KDTREE_VARIANT")
-    if forced:
-        if forced not in VARIANTS:
-            raise ValueError(f"KDTREE_VARIANT={forced!r}: expected one of {sorted(VARIANTS)}")
-        return VARIANTS[forced]
-    if rows_per_request <= 16:
-        return 1
-    return 3 if capability >= (9, 0) else 2
-
-
-def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
-                sm_count: int, capability: tuple[int, int] = (9, 0)) -> LaunchPlan:
-    """Choose the variant, splits and grid from shapes (see module docstring)."""
-    total_rows = num_rows * num_heads
-    rows_per_request = total_rows / batch
-    variant = choose_variant(rows_per_request, capability)
-    block_m = BLOCK_M[variant]
-    max_tree = min(num_rows, 32 * mask_words)
-    grid_y = math.ceil(max_tree * num_heads / block_m)
-    ctas = batch * math.ceil(rows_per_request / block_m)
-    forced = os.environ.get("KDTREE_SPLITS")
-    if forced:
-        splits = int(forced)
-    else:
-        avg_keys = num_kv / batch
-        by_occupancy = math.ceil(sm_count / ctas)
-        by_keys = math.ceil(avg_keys / (4 * BLOCK_N))
-        by_traffic = max(1, int(0.5 * num_kv * 1152 / (total_rows * 4096)))
-        splits = min(by_occupancy, by_keys, by_traffic)
-    splits = max(1, min(splits, MAX_SPLITS, WORKSPACE_ROWS // total_rows or 1))
-    if total_rows > WORKSPACE_ROWS:
-        splits = 1
-    return LaunchPlan(num_splits=splits, variant=variant, grid_y=grid_y)
-
+from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _device_cache: dict[int, tuple[int, tuple[int, int]]] = {}  # index -> (SM count, capability)

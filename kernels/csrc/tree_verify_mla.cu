@@ -25,7 +25,7 @@ cudaError_t launch_kernel(Kernel kernel, int smem, int threads, const TreeVerify
   kernel<<<grid, threads, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1) return err;
-  combine_splits_kernel<<<static_cast<unsigned>(p.total_rows), 128, 0, stream>>>(p);
+  combine_splits_kernel<<<dim3(static_cast<unsigned>(p.total_rows), kCombineQuarters), kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -48,7 +48,8 @@ cudaError_t launch_g64(const TreeVerifyParams& p, int grid_y, cudaStream_t strea
 }  // namespace
 
 cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream) {
-  if (p.total_rows <= 0 || p.batch <= 0 || grid_y <= 0 || p.num_splits <= 0) return cudaErrorInvalidValue;
+  if (p.total_rows <= 0 || p.batch <= 0 || grid_y <= 0 || p.num_splits <= 0 || p.num_splits > kMaxSplits)
+    return cudaErrorInvalidValue;
   if (grid_y > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
   switch (m_tiles) {
     case 1:

@@ -286,8 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
         s[k] = exp2f(s[k] - m_use);
         psum += s[k];
       }
-#pragma unroll
-      for (int off = TPR / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      // l_run is this thread's share of the row sum (alpha is the row's): summed once, at the end.
       l_run = l_run * alpha + psum;
       m_run = m_new;
       __nv_bfloat16* pdst = sP + sr * kPStride + sc * KPT;
@@ -332,6 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
   }
 
   // ---- epilogue: normalise, write out (+ lse) or this split's partial ----
+#pragma unroll
+  for (int off = TPR / 2; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
   if (sc == 0) {
     sL[sr] = l_run;
     sM[sr] = m_run;
@@ -372,33 +373,95 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
   }
 }
 
-// Merge the splits' normalised partials by their log-sum-exp: one CTA of 128 threads per row,
-// four value dims per thread.
-__global__ void __launch_bounds__(128) combine_splits_kernel(const TreeVerifyParams p) {
+// Merge the splits' normalised partials by their log-sum-exp. Grid (rows, kCombineQuarters):
+// a CTA owns 128 value dims of one row; its four warps take every fourth split (a lane four
+// dims, so a warp reads 512 contiguous bytes per split) with kCombineUnroll loads in flight, and
+// meet in shared memory. The weights exp(lse_s - max) are computed once per CTA. One CTA per row
+// with one load in flight per thread was latency-bound: 28.6 us for 32 rows x 132 splits on the
+// H200 (ncu), against the main kernel's 21 us.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineQuarters = kValueDim / 128;
+constexpr int kCombineUnroll = 8;
+constexpr int kMaxSplits = 1024;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const TreeVerifyParams p) {
+  __shared__ float s_w[kMaxSplits];
+  __shared__ float s_red[kCombineThreads / 32];
+  __shared__ float4 s_o[kCombineThreads / 32][32];
   const int64_t row = blockIdx.x;
   if (row >= p.total_rows) return;
-  const int d = threadIdx.x * 4;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kCombineThreads / 32;
+  const int S = min(p.num_splits, kMaxSplits);
+
   float mx = -CUDART_INF_F;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.ws_lse[s * p.total_rows + row]);
+  for (int s = tid; s < S; s += kCombineThreads) {
+    const float v = p.ws_lse[s * p.total_rows + row];
+    s_w[s] = v;
+    mx = fmaxf(mx, v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) s_red[warp] = mx;
+  __syncthreads();
+  mx = fmaxf(fmaxf(s_red[0], s_red[1]), fmaxf(s_red[2], s_red[3]));
+  float wpart = 0.f;
+  for (int s = tid; s < S; s += kCombineThreads) {
+    const float v = s_w[s];
+    const float w = (v == -CUDART_INF_F || mx == -CUDART_INF_F) ? 0.f : __expf(v - mx);
+    s_w[s] = w;
+    wpart += w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wpart += __shfl_xor_sync(0xffffffffu, wpart, off);
+  __syncthreads();  // everyone has read s_red (the max) and written its weights
+  if (lane == 0) s_red[warp] = wpart;
+  __syncthreads();
+  const float wsum = (s_red[0] + s_red[1]) + (s_red[2] + s_red[3]);
+
+  const int d = blockIdx.y * 128 + lane * 4;
+  const float* base = p.ws_o + row * kValueDim + d;
+  const int64_t stride = p.total_rows * kValueDim;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float ls = p.ws_lse[s * p.total_rows + row];
-    if (ls == -CUDART_INF_F) continue;
-    const float w = __expf(ls - mx);
-    const float4 v = *reinterpret_cast<const float4*>(p.ws_o + (s * p.total_rows + row) * kValueDim + d);
-    o.x += w * v.x;
-    o.y += w * v.y;
-    o.z += w * v.z;
-    o.w += w * v.w;
-    wsum += w;
+  for (int s0 = warp; s0 < S; s0 += kWarps * kCombineUnroll) {
+    // All loads of the round are issued before the first use. They are unconditional (a split
+    // past S re-reads split s0); an empty split's partial was never written and may hold
+    // anything, so its contribution is selected away, never multiplied by a zero weight.
+    float4 v[kCombineUnroll];
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kWarps;
+      v[u] = *reinterpret_cast<const float4*>(base + (s < S ? s : s0) * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < kCombineUnroll; ++u) {
+      const int s = s0 + u * kWarps;
+      const float w = s < S ? s_w[s] : 0.f;
+      if (w > 0.f) {
+        o.x += w * v[u].x;
+        o.y += w * v[u].y;
+        o.z += w * v[u].z;
+        o.w += w * v[u].w;
+      }
+    }
+  }
+  s_o[warp][lane] = o;
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int k = 1; k < kWarps; ++k) {
+    const float4 x = s_o[k][lane];
+    o.x += x.x;
+    o.y += x.y;
+    o.z += x.z;
+    o.w += x.w;
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   uint2 packed;
   packed.x = pack_bf16x2(o.x * inv, o.y * inv);
   packed.y = pack_bf16x2(o.z * inv, o.w * inv);
   *reinterpret_cast<uint2*>(p.out + row * kValueDim + d) = packed;
-  if (threadIdx.x == 0 && p.lse) p.lse[row] = wsum > 0.f ? mx + __logf(wsum) : -CUDART_INF_F;
+  if (blockIdx.y == 0 && lane == 0 && p.lse) p.lse[row] = wsum > 0.f ? mx + __logf(wsum) : -CUDART_INF_F;
 }
 
 }  // namespace kdtree

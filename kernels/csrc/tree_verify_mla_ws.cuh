@@ -224,8 +224,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         s[k] = exp2f(s[k] - m_use);
         psum += s[k];
       }
-#pragma unroll
-      for (int off = kTPR / 2; off > 0; off >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+      // l_run is this thread's share of the row sum (alpha is the row's): summed once, at the end.
       l_run = l_run * alpha + psum;
       uint2 pk;
       pk.x = pack_bf16x2(s[0], s[1]);
@@ -271,6 +270,8 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   }
 
   // epilogue
+#pragma unroll
+  for (int off = kTPR / 2; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
   if (sc == 0) {
     sL[sr] = l_run;
     sM[sr] = m_run;

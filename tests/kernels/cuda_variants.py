@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from kdtree.kernels.cuda_op import VARIANTS
+from kdtree.kernels.launch_plan import VARIANTS
 
 
 @contextmanager

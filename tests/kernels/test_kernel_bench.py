@@ -179,7 +179,7 @@ def test_write_report_from_synthetic_rows(tmp_path):
     facts = dict(gpu="NVIDIA H200", sm="9.0", driver="580.1", torch="2.11", triton="3.6", nvcc="13.0",
                  git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.kernels.bench",
                  copy_bytes_per_s=4.2e12, bf16_flops_per_s=7.9e14, not_run=["H128 T1024 B1 L128k scattered"],
-                 impl_errors={}, flush_bytes=256 * 2**20, lead_s=200e-6)
+                 impl_errors={}, flush_bytes=256 * 2**20, flush_mode="read", lead_s=200e-6)
     paths = bench_report.write_report(rows, facts, tmp_path / "out")
     assert [p.name for p in paths] == ["bench.json", "bench.md", "bench_time.png", "bench_roofline.png"]
     data = json.loads(paths[0].read_text())
@@ -189,7 +189,7 @@ def test_write_report_from_synthetic_rows(tmp_path):
     assert md.count("\n| 8 | 16 | 1 | 4k |") == 2 and "## every row" in md
     assert "skipped (est. 3.4 s/call" in md and "✗" in md and "40.0×" in md
     assert "Not run (time budget spent): 1 configs" in md
-    assert "L2 wiped (256 MiB written)" in md and "200 µs GPU busy-wait" in md
+    assert "L2 wiped (256 MiB read, leaving it clean)" in md and "200 µs GPU busy-wait" in md
     every = md.split("## every row")[1].splitlines()
     assert "| reps | host µs | GB/s |" in every[2]
     assert every[4].startswith("| H8 T16 B1 L4k | scattered | cuda | ok |") and "| 5 | 12.3 | 1 |" in every[4]
@@ -262,3 +262,23 @@ def test_gpu_busy_wait_keeps_host_time_out_of_the_timings():
     assert min(plain["k"]) >= 0.0049, plain  # idle GPU: the host's 5 ms are counted
     assert max(led["k"]) < 0.0025, led  # queued behind the busy-wait: only GPU time
     assert min(led_host["k"]) >= 0.005  # host time reported separately
+
+
+def test_l2_flush_modes_read_or_write_the_scratch_buffer():
+    scratch = torch.full((4096,), 7, dtype=torch.uint8)
+    bench.l2_flush(scratch, "read")()
+    assert int(scratch.min()) == 7  # reading leaves the buffer (and so the cache lines) clean
+    bench.l2_flush(scratch, "write")()
+    assert int(scratch.max()) == 0
+    with pytest.raises(ValueError, match="flush mode"):
+        bench.l2_flush(scratch, "evict")
+
+
+def test_report_says_how_the_l2_was_wiped(tmp_path):
+    facts = dict(gpu="g", sm="9.0", driver="d", torch="t", triton="t", nvcc="n", git_sha="s", git_dirty=False,
+                 date="2026-12-02", command="c", copy_bytes_per_s=4e12, bf16_flops_per_s=8e14, not_run=[],
+                 impl_errors={}, flush_bytes=2**20, lead_s=200e-6)
+    md = bench_report.write_report([], dict(facts, flush_mode="write"), tmp_path / "w")[1].read_text()
+    assert "L2 wiped (1 MiB written, leaving it dirty)" in md
+    md = bench_report.write_report([], dict(facts, flush_mode="read"), tmp_path / "r")[1].read_text()
+    assert "L2 wiped (1 MiB read, leaving it clean)" in md

@@ -1,0 +1,80 @@
+"""The launch plan: variant, KV splits and grid from shapes alone (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kdtree.kernels import launch_plan as lp
+
+
+def _plan(H, T, B, L, sms=132, cap=(9, 0)):
+    return lp.plan_launch(T * B, H, B, math.ceil(T / 32), B * (L + T), sms, cap)
+
+
+def _waves(plan, H, T, B, sms=132):
+    ctas = B * math.ceil(T * H / plan.block_m)
+    return ctas * plan.num_splits / sms, math.ceil(ctas * plan.num_splits / sms)
+
+
+@pytest.mark.parametrize("H,T,B,L", [(64, 4, 1, 32768), (16, 16, 1, 131072), (128, 4, 1, 32768),
+                                     (8, 64, 1, 32768), (64, 16, 1, 131072), (8, 16, 8, 32768)])
+def test_split_grids_fill_whole_waves(H, T, B, L):
+    # The old rule (ceil(SMs / CTAs) splits) gave these 1.03-1.3 waves: a second, nearly empty
+    # wave that doubled the time on the H200.
+    plan = _plan(H, T, B, L)
+    used, waves = _waves(plan, H, T, B)
+    assert plan.num_splits > 1 and waves == 1 and used >= 0.9
+
+
+def test_one_row_block_spreads_over_every_sm():
+    plan = _plan(8, 4, 1, 32768)
+    assert plan.variant == lp.VARIANTS["ws"] and plan.num_splits >= 66
+
+
+def test_many_ctas_need_no_split():
+    for H, T, B, L in [(64, 64, 8, 131072), (128, 256, 8, 32768), (16, 256, 8, 32768)]:
+        assert _plan(H, T, B, L).num_splits == 1
+
+
+def test_short_kv_is_not_split_below_a_tile():
+    plan = _plan(8, 4, 1, 60)
+    assert plan.num_splits <= math.ceil(64 / lp.BLOCK_N)
+
+
+def test_split_cost_counts_whole_waves_and_the_combine():
+    one_wave = lp.split_cost(16, 8, 32768, 256, 132)
+    two_waves = lp.split_cost(17, 8, 32768, 256, 132)
+    assert two_waves > 1.8 * one_wave
+    assert lp.split_cost(1, 8, 32768, 256, 132) == math.ceil(8 / 132) * (1024 + lp.CTA_OVERHEAD_TILES)
+
+
+def test_workspace_bounds_the_split_count():
+    plan = _plan(128, 256, 1, 131072)
+    assert plan.num_splits * 128 * 256 <= lp.WORKSPACE_ROWS or plan.num_splits == 1
+    assert lp.choose_splits(1, 1e6, lp.WORKSPACE_ROWS + 1, 132) == 1
+
+
+def test_variant_by_rows_and_capability(monkeypatch):
+    monkeypatch.delenv("KDTREE_VARIANT", raising=False)
+    assert lp.choose_variant(16, (9, 0)) == lp.VARIANTS["base16"]
+    assert lp.choose_variant(17, (9, 0)) == lp.VARIANTS["ws"]
+    assert lp.choose_variant(64, (8, 9)) == lp.VARIANTS["base32"]
+    monkeypatch.setenv("KDTREE_VARIANT", "g64")
+    assert lp.choose_variant(64, (9, 0)) == lp.VARIANTS["g64"]
+    monkeypatch.setenv("KDTREE_VARIANT", "fast")
+    with pytest.raises(ValueError, match="KDTREE_VARIANT"):
+        lp.choose_variant(64, (9, 0))
+
+
+def test_forced_splits_are_clamped(monkeypatch):
+    monkeypatch.setenv("KDTREE_SPLITS", "100000")
+    assert _plan(8, 4, 1, 32768).num_splits == lp.MAX_SPLITS
+    monkeypatch.setenv("KDTREE_SPLITS", "7")
+    assert _plan(8, 4, 1, 32768).num_splits == 7
+
+
+def test_grid_covers_the_largest_request():
+    plan = lp.plan_launch(num_rows=300, num_heads=16, batch=3, mask_words=8, num_kv=3000, sm_count=132)
+    assert plan.grid_y * plan.block_m >= 256 * 16
