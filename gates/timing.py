@@ -10,8 +10,11 @@ event. What it measures depends on its two arguments:
   argument checks, pybind, the launch itself. That is right when launch cost is what is compared
   (eager calls vs a CUDA-graph replay); for a 5 µs kernel it reads ~40 µs.
 - ``cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=200e-6)``: before recording start it
-  (a) writes a preallocated buffer of ``flush_bytes`` (allocated once per timer on first use), so
-  the call starts with a cold L2, and (b) enqueues a GPU busy-wait (``torch.cuda._sleep``) of
+  (a) streams through a preallocated buffer of ``flush_bytes`` (allocated once per timer on first
+  use), so the call starts with a cold L2: by default by *reading* it (``flush_mode="read"``),
+  which leaves the L2 holding clean lines, so the timed call pays no write-back of someone else's
+  dirty lines (``"write"`` zeroes it instead, as triton.testing.do_bench does; on the H200 that
+  made a 50 µs call ~4 µs slower), and (b) enqueues a GPU busy-wait (``torch.cuda._sleep``) of
   ``lead_s``. The host then records start and enqueues fn while the GPU is still busy, so the
   events measure **GPU time of fn's work only**, L2 cold, as triton.testing.do_bench and
   FlashInfer's bench utilities do. This holds while fn's host part is shorter than the lead and
@@ -36,6 +39,7 @@ from typing import Any, Callable, Optional, Sequence
 Timer = Callable[[Callable[[], Any]], float]
 
 L2_FLUSH_FALLBACK_BYTES = 256 * 2**20  # when the device does not report its L2 size
+FLUSH_MODES = ("read", "write")
 
 
 def perf_counter_timer(fn: Callable[[], Any]) -> float:
@@ -57,11 +61,11 @@ def sleep_cycles(lead_s: float, cycles_per_s: float) -> int:
     return math.ceil(lead_s * cycles_per_s)
 
 
-def queued_label(flush_bytes: int, lead_s: float) -> str:
+def queued_label(flush_bytes: int, lead_s: float, flush_mode: str = "read") -> str:
     """The label a `QueuedTimer` reports: ``cuda_event`` plus its flush and lead when it has them."""
     parts = []
     if flush_bytes:
-        parts.append(f"L2 flush {flush_bytes / 2**20:g} MiB")
+        parts.append(f"L2 flush {flush_bytes / 2**20:g} MiB" + (" written" if flush_mode == "write" else ""))
     if lead_s:
         parts.append(f"lead {lead_s * 1e6:g} us")
     return "cuda_event" + (f" ({', '.join(parts)})" if parts else "")
@@ -124,23 +128,32 @@ class QueuedTimer:
     CUDA before the first call: the flush buffer and the sleep length are made then, once.
     """
 
-    def __init__(self, flush_bytes: int = 0, lead_s: float = 0.0):
+    def __init__(self, flush_bytes: int = 0, lead_s: float = 0.0, flush_mode: str = "read"):
         if isinstance(flush_bytes, bool) or not isinstance(flush_bytes, int) or flush_bytes < 0:
             raise ValueError(f"flush_bytes: expected an int >= 0, got {flush_bytes!r}")
         if isinstance(lead_s, bool) or not isinstance(lead_s, (int, float)) or not (
                 math.isfinite(lead_s) and lead_s >= 0):
             raise ValueError(f"lead_s: expected a finite number of seconds >= 0, got {lead_s!r}")
+        if flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode: expected one of {FLUSH_MODES}, got {flush_mode!r}")
         self.flush_bytes = flush_bytes
+        self.flush_mode = flush_mode
         self.lead_s = float(lead_s)
-        self.label = queued_label(flush_bytes, self.lead_s)
+        self.label = queued_label(flush_bytes, self.lead_s, flush_mode)
         self.host_seconds: list[float] = []
         self.overruns = 0
-        self._flush: Optional[Any] = None
+        self._flush_buffer: Optional[Any] = None
+        self._flush: Optional[Callable[[], Any]] = None
         self._cycles: Optional[int] = None
 
     def _prepare(self, torch) -> None:
         if self.flush_bytes and self._flush is None:
-            self._flush = torch.empty(self.flush_bytes, dtype=torch.uint8, device="cuda")
+            self._flush_buffer = torch.zeros(self.flush_bytes, dtype=torch.uint8, device="cuda")
+            if self.flush_mode == "write":
+                self._flush = self._flush_buffer.zero_
+            else:
+                words = self._flush_buffer[: self.flush_bytes // 4 * 4].view(torch.int32)
+                self._flush = lambda: torch.amax(words)
         if self.lead_s and self._cycles is None:
             self._cycles = sleep_cycles(self.lead_s, gpu_cycles_per_s())
 
@@ -152,7 +165,7 @@ class QueuedTimer:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         if self._flush is not None:
-            self._flush.zero_()
+            self._flush()
         if self._cycles:
             torch.cuda._sleep(self._cycles)
         start.record(stream)
@@ -167,14 +180,14 @@ class QueuedTimer:
         return start.elapsed_time(end) / 1e3
 
 
-def cuda_event_timer(flush_bytes: int = 0, lead_s: float = 0.0) -> QueuedTimer:
+def cuda_event_timer(flush_bytes: int = 0, lead_s: float = 0.0, flush_mode: str = "read") -> QueuedTimer:
     """A `QueuedTimer`: CUDA events on the current stream, synchronised on the end event.
 
     With no arguments it behaves as it always has (no flush, no lead: host launch time counts,
     label ``cuda_event``). Pass ``flush_bytes`` (e.g. `l2_flush_bytes()`) for a cold L2 and
     ``lead_s`` (e.g. 200e-6) to keep host enqueue time out of the measurement.
     """
-    return QueuedTimer(flush_bytes, lead_s)
+    return QueuedTimer(flush_bytes, lead_s, flush_mode)
 
 
 def default_timer(device: str) -> Timer:

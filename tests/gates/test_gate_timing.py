@@ -30,7 +30,8 @@ def test_sleep_cycles_cover_the_lead():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"lead_s": -1e-6}, "lead_s"), ({"lead_s": math.nan}, "lead_s"), ({"lead_s": "200us"}, "lead_s"),
-    ({"flush_bytes": -1}, "flush_bytes"), ({"flush_bytes": 1.5}, "flush_bytes"), ({"flush_bytes": True}, "flush_bytes"),
+    ({"flush_mode": "evict"}, "flush_mode"), ({"flush_bytes": -1}, "flush_bytes"),
+    ({"flush_bytes": 1.5}, "flush_bytes"), ({"flush_bytes": True}, "flush_bytes"),
 ])
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -40,6 +41,7 @@ def test_bad_arguments_are_refused(kwargs, match):
 def test_labels_say_what_is_measured():
     assert cuda_event_timer().label == "cuda_event" == timing.timer_label(cuda_event_timer())
     assert queued_label(120 * 2**20, 200e-6) == "cuda_event (L2 flush 120 MiB, lead 200 us)"
+    assert queued_label(2**20, 0, "write") == "cuda_event (L2 flush 1 MiB written)"
     assert queued_label(0, 5e-4) == "cuda_event (lead 500 us)"
     t = cuda_event_timer(flush_bytes=1 << 20, lead_s=1e-4)  # building one touches no GPU
     assert t.label == "cuda_event (L2 flush 1 MiB, lead 100 us)" and t.host_seconds == [] and t.overruns == 0
@@ -90,18 +92,10 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(f"sleep {cycles}"))
 
 
-class _Flush:
-    def __init__(self, log):
-        self.log = log
-
-    def zero_(self):
-        self.log.append("flush")
-
-
 def test_queued_timer_flushes_then_waits_then_times_and_keeps_host_seconds(monkeypatch):
     fake = _FakeCuda(monkeypatch)
     t = QueuedTimer(flush_bytes=1 << 20, lead_s=1e-3)
-    t._flush, t._cycles = _Flush(fake.log), 1234  # what _prepare makes on a GPU
+    t._flush, t._cycles = (lambda: fake.log.append("flush")), 1234  # what _prepare makes on a GPU
     t(lambda: fake.log.append("fn"))
     assert fake.log == ["flush", "sleep 1234", "record", "fn", "record", "sync"]
     t(lambda: time.sleep(0.003))  # host part longer than the lead: counted as an overrun
@@ -180,7 +174,7 @@ def test_gpu_queued_timer_does_not_count_host_time():
     assert min(plain_s) >= 0.0049, plain_s  # the idle GPU waited for the host: host time counted
     assert max(queued_s) < 0.0025, queued_s  # only the kernel (and the gap after the lead): far less
     assert min(queued.host_seconds) >= 0.005 and queued.overruns == 0  # host time reported, separately
-    assert queued._flush is not None and queued._flush.numel() == timing.l2_flush_bytes()
+    assert queued._flush_buffer is not None and queued._flush_buffer.numel() == timing.l2_flush_bytes()
 
 
 @pytest.mark.gpu
