@@ -118,6 +118,36 @@ __device__ __forceinline__ uint64_t tree_visible_bits(const int32_t* mask_row, i
   return bits;
 }
 
+// The epilogue's store of one row: this thread's 2 x NT values of row `grow` (columns
+// col + 8 nt, col + 8 nt + 1 of the accumulator fragment's `half`), normalised by 1 / l, as bf16
+// into out (one split) or as this split's fp32 partial into ws_o; with `with_lse` also the row's
+// natural log-sum-exp (m is the running max in log2 units, read only then). Shared by every variant.
+template <int NT>
+__device__ __forceinline__ void store_row(const TreeVerifyParams& p, int split, int64_t grow, int col,
+                                          const float (&acc)[NT][4], int half, const float* m, float l,
+                                          bool with_lse) {
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  if (p.num_splits == 1) {
+    __nv_bfloat16* o = p.out + grow * kValueDim + col;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      *reinterpret_cast<uint32_t*>(o + nt * 8) = pack_bf16x2(acc[nt][2 * half] * inv, acc[nt][2 * half + 1] * inv);
+  } else {
+    float* o = p.ws_o + (split * p.total_rows + grow) * kValueDim + col;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      *reinterpret_cast<float2*>(o + nt * 8) = make_float2(acc[nt][2 * half] * inv, acc[nt][2 * half + 1] * inv);
+  }
+  if (!with_lse) return;
+  constexpr float kLn2 = 0.6931471805599453f;
+  const float lse = l > 0.f ? (*m + log2f(l)) * kLn2 : -CUDART_INF_F;
+  if (p.num_splits == 1) {
+    if (p.lse) p.lse[grow] = lse;
+  } else {
+    p.ws_lse[split * p.total_rows + grow] = lse;
+  }
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const TreeVerifyParams p) {
   constexpr int BM = 16 * MT;
@@ -338,37 +368,13 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
     sM[sr] = m_run;
   }
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = mt * 16 + g + half * 8;
       if (row0 + r >= rows || ((KD_BREAK & 8) && r == 16 * MT - 1)) continue;
-      const float l = sL[r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t grow = grow0 + r;
-      if (p.num_splits == 1) {
-        __nv_bfloat16* o = p.out + grow * kValueDim + warp * 64 + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<uint32_t*>(o + nt * 8) =
-              pack_bf16x2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
-      } else {
-        float* o = p.ws_o + (split * p.total_rows + grow) * kValueDim + warp * 64 + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(o + nt * 8) =
-              make_float2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
-      }
-      if (warp == 0 && t4 == 0) {
-        const float lse = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
-        if (p.num_splits == 1) {
-          if (p.lse) p.lse[grow] = lse;
-        } else {
-          p.ws_lse[split * p.total_rows + grow] = lse;
-        }
-      }
+      store_row(p, split, grow0 + r, warp * 64 + 2 * t4, acc[mt], half, sM + r, sL[r], warp == 0 && t4 == 0);
     }
   }
 }

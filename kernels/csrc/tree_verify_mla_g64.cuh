@@ -321,37 +321,13 @@ __global__ void __launch_bounds__(g64::kThreads, 1) tree_verify_mla_g64_kernel(c
     sM[sr] = m_run;
   }
   named_barrier_sync(bar_id, kGroupThreads);
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = mt * 16 + g_e + half * 8;
       if (rbase_e + r >= rows_e || ((KD_BREAK & 8) && grp == kGroups - 1 && r == kRows - 1)) continue;
-      const float l = sL[r];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t grow = grow_e + r;
-      if (p.num_splits == 1) {
-        __nv_bfloat16* o = p.out + grow * kValueDim + ks * 128 + 2 * t4_e;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
-          *reinterpret_cast<uint32_t*>(o + nt * 8) =
-              pack_bf16x2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
-      } else {
-        float* o = p.ws_o + (split * p.total_rows + grow) * kValueDim + ks * 128 + 2 * t4_e;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt)
-          *reinterpret_cast<float2*>(o + nt * 8) =
-              make_float2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
-      }
-      if (ks == 0 && t4_e == 0) {
-        const float lse = l > 0.f ? (sM[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
-        if (p.num_splits == 1) {
-          if (p.lse) p.lse[grow] = lse;
-        } else {
-          p.ws_lse[split * p.total_rows + grow] = lse;
-        }
-      }
+      store_row(p, split, grow_e + r, ks * 128 + 2 * t4_e, acc[mt], half, sM + r, sL[r], ks == 0 && t4_e == 0);
     }
   }
 }
