@@ -128,11 +128,19 @@ class _Pool:
         self.tensor = make_pool(gb)
 
 
-def _speed(spec, ctx: GateContext, baseline_name: str, lead_s: float = 200e-6) -> GateResult:
-    """Kernel vs baseline; each timed call behind an L2 wipe and a ``lead_s`` GPU busy-wait, so
-    the gate compares GPU time (host enqueue time is reported per side in the details)."""
-    from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
+def _gpu_timer():
+    """The benchmark's timer: L2 wiped (by reading) and a `kernels.bench.LEAD_S` GPU busy-wait
+    queued before each call, so the events measure GPU time, not host enqueue time."""
     from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
+    from kdtree.kernels.bench import LEAD_S  # noqa: PLC0415
+
+    return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
+
+
+def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
+    """Kernel vs baseline, each call timed by `_gpu_timer`, so the gate compares GPU time (host
+    enqueue time is reported per side in the details)."""
+    from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case, measure_ceilings  # noqa: PLC0415
     from kdtree.kernels.roofline import Shape, floor_seconds  # noqa: PLC0415
@@ -153,7 +161,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str, lead_s: float = 200e-6) -
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
     result = check_speedup(spec, configs, lambda c: tree_verify_mla(*case_args(c)),
                            lambda c: baseline_fn(*case_args(c)), ctx,
-                           timer=cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=lead_s),
+                           timer=_gpu_timer(),
                            floor_s=lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate))
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     return result
@@ -167,16 +175,15 @@ def check_speedup_naive(spec, ctx: GateContext) -> GateResult:
     return _speed(spec, ctx, "naive")
 
 
-def check_scatter(spec, ctx: GateContext, lead_s: float = 200e-6) -> GateResult:
-    """The kernel on scattered vs contiguous slots, same shapes, GPU time (L2 wiped, ``lead_s``
-    busy-wait before each call) interleaved; host enqueue time per layout in the details."""
+def check_scatter(spec, ctx: GateContext) -> GateResult:
+    """The kernel on scattered vs contiguous slots, same shapes, GPU time (`_gpu_timer`)
+    interleaved; host enqueue time per layout in the details."""
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
-    from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case  # noqa: PLC0415
 
     pool = _Pool(8.0).tensor
-    timer = cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=lead_s)
+    timer = _gpu_timer()
     rows = []
     for H, T, B, L in SCATTER_CONFIGS:
         seed = ctx.fresh_seed()
