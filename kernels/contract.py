@@ -10,8 +10,7 @@ inside CUDA-graph capture.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, NoReturn, Optional
 
 import torch
 
@@ -20,6 +19,8 @@ ROPE_DIM = 64
 QK_DIM = LATENT_DIM + ROPE_DIM  # 576
 MAX_HEADS = 128
 MAX_TREE_NODES = 1024
+_INDEX_DTYPES = (torch.int32,)
+_LSE_DTYPES = (torch.float32,)
 
 _debug = os.environ.get("KDTREE_DEBUG", "") not in ("", "0")
 
@@ -34,8 +35,7 @@ def debug_enabled() -> bool:
     return _debug
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """The sizes of one call, read from shapes only (no device sync)."""
 
     num_rows: int  # Nq
@@ -45,51 +45,80 @@ class Problem:
     pool_slots: int  # S
 
 
+def _fail(arg: str, msg: str) -> NoReturn:
+    raise ValueError(f"{arg}: {msg}")
+
+
 def _need(cond: bool, arg: str, msg: str) -> None:
     if not cond:
-        raise ValueError(f"{arg}: {msg}")
+        _fail(arg, msg)
 
 
+# The checks on every call format their message only when they fail: building the f-strings
+# eagerly cost more host time than the kernel launch itself.
 def _check_tensor(t: torch.Tensor, arg: str, dtypes: tuple, ndim: int, device: torch.device) -> None:
-    _need(isinstance(t, torch.Tensor), arg, f"expected a torch.Tensor, got {type(t).__name__}")
-    _need(t.dtype in dtypes, arg, f"dtype must be one of {[str(d) for d in dtypes]}, got {t.dtype}")
-    _need(t.dim() == ndim, arg, f"expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    _need(t.device == device, arg, f"is on {t.device}, but q is on {device}")
-    _need(t.is_contiguous(), arg, "must be contiguous (call .contiguous())")
+    if not isinstance(t, torch.Tensor):
+        _fail(arg, f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        _fail(arg, f"dtype must be one of {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.dim() != ndim:
+        _fail(arg, f"expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.device != device:
+        _fail(arg, f"is on {t.device}, but q is on {device}")
+    if not t.is_contiguous():
+        _fail(arg, "must be contiguous (call .contiguous())")
 
 
 def validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-             out=None, lse=None, *, float_dtypes=(torch.bfloat16,)) -> Problem:
-    """Check the call against the contract; raise ValueError naming the argument on any breach."""
-    _need(isinstance(q, torch.Tensor), "q", f"expected a torch.Tensor, got {type(q).__name__}")
+             out=None, lse=None, *, float_dtypes=(torch.bfloat16,),
+             check_values: Optional[bool] = None) -> Problem:
+    """Check the call against the contract; raise ValueError naming the argument on any breach.
+
+    `check_values` forces the index-value checks on or off; by default they run for CPU inputs
+    and, in debug mode, for CUDA ones (module docstring).
+    """
+    if not isinstance(q, torch.Tensor):
+        _fail("q", f"expected a torch.Tensor, got {type(q).__name__}")
     dev = q.device
     _check_tensor(q, "q", float_dtypes, 3, dev)
     nq, h, d = q.shape
-    _need(d == QK_DIM, "q", f"last dimension must be {QK_DIM} (512 latent + 64 rope), got {d}")
-    _need(1 <= h <= MAX_HEADS, "q", f"number of heads must be in [1, {MAX_HEADS}], got {h}")
-    _need(nq >= 1, "q", "needs at least one query row")
+    if d != QK_DIM:
+        _fail("q", f"last dimension must be {QK_DIM} (512 latent + 64 rope), got {d}")
+    if not 1 <= h <= MAX_HEADS:
+        _fail("q", f"number of heads must be in [1, {MAX_HEADS}], got {h}")
+    if nq < 1:
+        _fail("q", "needs at least one query row")
     _check_tensor(kv_cache, "kv_cache", (q.dtype,), 2, dev)
-    _need(kv_cache.shape[1] == QK_DIM, "kv_cache", f"rows must be {QK_DIM} wide, got {kv_cache.shape[1]}")
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices),
-                    ("tree_mask", tree_mask)):
-        _check_tensor(t, name, (torch.int32,), 2 if name == "tree_mask" else 1, dev)
-    _need(qo_indptr.numel() >= 2, "qo_indptr", "needs B+1 >= 2 entries")
-    _need(kv_indptr.numel() == qo_indptr.numel(), "kv_indptr",
-          f"has {kv_indptr.numel()} entries but qo_indptr has {qo_indptr.numel()} (both B+1)")
-    _need(tree_mask.shape[0] == nq, "tree_mask", f"has {tree_mask.shape[0]} rows, q has {nq}")
-    w = tree_mask.shape[1]
-    _need(1 <= w <= MAX_TREE_NODES // 32, "tree_mask", f"needs 1..{MAX_TREE_NODES // 32} words per row, got {w}")
-    _need(isinstance(sm_scale, (float, int)) and float(sm_scale) > 0, "sm_scale",
-          f"must be a positive float, got {sm_scale!r}")
+    if kv_cache.shape[1] != QK_DIM:
+        _fail("kv_cache", f"rows must be {QK_DIM} wide, got {kv_cache.shape[1]}")
+    _check_tensor(qo_indptr, "qo_indptr", _INDEX_DTYPES, 1, dev)
+    _check_tensor(kv_indptr, "kv_indptr", _INDEX_DTYPES, 1, dev)
+    _check_tensor(kv_indices, "kv_indices", _INDEX_DTYPES, 1, dev)
+    _check_tensor(tree_mask, "tree_mask", _INDEX_DTYPES, 2, dev)
+    entries = qo_indptr.numel()
+    if entries < 2:
+        _fail("qo_indptr", "needs B+1 >= 2 entries")
+    if kv_indptr.numel() != entries:
+        _fail("kv_indptr", f"has {kv_indptr.numel()} entries but qo_indptr has {entries} (both B+1)")
+    rows, w = tree_mask.shape
+    if rows != nq:
+        _fail("tree_mask", f"has {rows} rows, q has {nq}")
+    if not 1 <= w <= MAX_TREE_NODES // 32:
+        _fail("tree_mask", f"needs 1..{MAX_TREE_NODES // 32} words per row, got {w}")
+    if not (isinstance(sm_scale, (float, int)) and float(sm_scale) > 0):
+        _fail("sm_scale", f"must be a positive float, got {sm_scale!r}")
     if out is not None:
         _check_tensor(out, "out", (q.dtype,), 3, dev)
-        _need(tuple(out.shape) == (nq, h, LATENT_DIM), "out",
-              f"expected shape {(nq, h, LATENT_DIM)}, got {tuple(out.shape)}")
+        if out.shape != (nq, h, LATENT_DIM):
+            _fail("out", f"expected shape {(nq, h, LATENT_DIM)}, got {tuple(out.shape)}")
     if lse is not None:
-        _check_tensor(lse, "lse", (torch.float32,), 2, dev)
-        _need(tuple(lse.shape) == (nq, h), "lse", f"expected shape {(nq, h)}, got {tuple(lse.shape)}")
-    problem = Problem(nq, h, qo_indptr.numel() - 1, w, kv_cache.shape[0])
-    if dev.type == "cpu" or _debug:
+        _check_tensor(lse, "lse", _LSE_DTYPES, 2, dev)
+        if lse.shape != (nq, h):
+            _fail("lse", f"expected shape {(nq, h)}, got {tuple(lse.shape)}")
+    problem = Problem(nq, h, entries - 1, w, kv_cache.shape[0])
+    if check_values is None:
+        check_values = dev.type == "cpu" or _debug
+    if check_values:
         validate_values(problem, qo_indptr, kv_indptr, kv_indices, tree_mask)
     return problem
 

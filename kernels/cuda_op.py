@@ -4,20 +4,57 @@ The launch plan (how many KV splits, which row tile; `kdtree.kernels.launch_plan
 from tensor *shapes* only, so a call never synchronises the device and can be captured in a CUDA
 graph. Split partials go to a per-device workspace allocated once, on the first call for that device: warm up before capture.
 Pass `out` (and `lse`) to make a call allocation-free.
+
+The host path is kept cheap (it is most of an eager call on small shapes): what a device offers
+(SM count, capability, extension, workspace) is looked up once per device index, plans are
+memoised, and `launch_args` does the rest; `kdtree.kernels.host_path_bench` times it on the CPU.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from kdtree.kernels.contract import LATENT_DIM, validate
+from kdtree.kernels.contract import LATENT_DIM, Problem, validate
 from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
+
+PLAN_ENV_VARS = ("KDTREE_VARIANT", "KDTREE_SPLITS")
+_PLAN_CACHE_SIZE = 4096
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _device_cache: dict[int, tuple[int, tuple[int, int]]] = {}  # index -> (SM count, capability)
 _extensions: dict[tuple[int, int], object] = {}
+_plans: dict[tuple, LaunchPlan] = {}
+
+
+class DeviceState(NamedTuple):
+    """What a launch needs of one CUDA device; built once per device index (`device_state`)."""
+
+    index: int
+    sm_count: int
+    capability: tuple[int, int]
+    ext: object  # the extension module: ext.run(*launch_args(...))
+    workspace_ptrs: tuple[int, int]  # split partials (out rows, lse), kept alive by _workspaces
+    stream: Callable[[int], int]  # device index -> its current raw cudaStream_t
+
+
+_device_states: dict[int, DeviceState] = {}
+
+
+def _raw_stream_getter() -> Callable[[int], int]:
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return fast if fast is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+def _current_device_getter() -> Callable[[], int]:
+    # torch.cuda.current_device() only adds a lazy-init check; a CUDA tensor already exists here.
+    fast = getattr(torch._C, "_cuda_getDevice", None)
+    return fast if fast is not None else torch.cuda.current_device
+
+
+_current_device = _current_device_getter()
 
 
 def _device_facts(device: torch.device):
@@ -54,31 +91,90 @@ def _workspace(device_index: int, device: torch.device):
     return _workspaces[device_index]
 
 
+def device_state(index: int) -> DeviceState:
+    """The launch facts of CUDA device `index`: built (extension, workspace) on first use, then cached."""
+    state = _device_states.get(index)
+    if state is None:
+        device = torch.device("cuda", index)
+        _, sm_count, capability = _device_facts(device)
+        ext = _extension(index)
+        ws_o, ws_lse = _workspace(index, device)
+        state = _device_states[index] = DeviceState(index, sm_count, capability, ext,
+                                                    (ws_o.data_ptr(), ws_lse.data_ptr()), _raw_stream_getter())
+    return state
+
+
+def _env_reader(name: str) -> Callable[[], object]:
+    """A reader of os.environ[name] (None when unset) that runs on every call but costs little.
+
+    os.environ.get spends microseconds raising and catching KeyError for an unset name; the
+    mapping's own dict answers the same question (its raw, encoded value) directly.
+    """
+    key = os.environ.encodekey(name) if hasattr(os.environ, "encodekey") else name
+
+    def read():
+        data = getattr(os.environ, "_data", None)
+        return data.get(key) if type(data) is dict else os.environ.get(name)
+
+    return read
+
+
+_plan_env = tuple(_env_reader(name) for name in PLAN_ENV_VARS)
+
+
+def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[int, int]) -> LaunchPlan:
+    """`plan_launch` for this call, memoised on all it reads: the shapes, the device and the
+    current values of KDTREE_VARIANT and KDTREE_SPLITS (read on every call)."""
+    read_variant, read_splits = _plan_env
+    key = (problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv,
+           sm_count, capability, read_variant(), read_splits())
+    plan = _plans.get(key)
+    if plan is None:
+        plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
+                           num_kv, sm_count, capability)
+        if len(_plans) >= _PLAN_CACHE_SIZE:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+
+
+def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
+                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float,
+                out: torch.Tensor, lse: Optional[torch.Tensor], state: DeviceState) -> tuple:
+    """The argument tuple of `state.ext.run` for a validated call (pointers, sizes, plan, stream)."""
+    plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability)
+    ws_o, ws_lse = state.workspace_ptrs
+    return (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+            kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
+            lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
+            problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
+            plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index))
+
+
+def _run(state: DeviceState, args: tuple) -> None:
+    if state.index == _current_device():
+        state.ext.run(*args)
+    else:
+        with torch.cuda.device(state.index):
+            state.ext.run(*args)
+
+
 def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
                          kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor,
                          sm_scale: float, *, out: Optional[torch.Tensor] = None,
                          lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MLA tree-verify attention with the owned CUDA kernel (the op contract, bf16)."""
+    """MLA tree-verify attention with the owned CUDA kernel (the op contract, bf16).
+
+    Never synchronises the device; after the first call on a device it allocates nothing but
+    `out`, and only when none is passed.
+    """
     problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse)
-    if q.device.type != "cuda":
+    if not q.is_cuda:
         raise ValueError(f"q: the CUDA kernel needs CUDA tensors, got a tensor on {q.device} "
                          "(use kdtree.kernels.reference or .naive on the CPU)")
-    index, sm_count, capability = _device_facts(q.device)
-    ext = _extension(index)
+    state = device_state(q.get_device())
     if out is None:
         out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
-    plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
-                       kv_indices.numel(), sm_count, capability)
-    ws_o, ws_lse = _workspace(index, q.device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    args = (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
-            kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
-            lse.data_ptr() if lse is not None else 0, ws_o.data_ptr(), ws_lse.data_ptr(),
-            problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
-            plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), stream)
-    if index == torch.cuda.current_device():
-        ext.run(*args)
-    else:
-        with torch.cuda.device(index):
-            ext.run(*args)
+    _run(state, launch_args(problem, q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                            out, lse, state))
     return out
