@@ -104,30 +104,12 @@ def device_state(index: int) -> DeviceState:
     return state
 
 
-def _env_reader(name: str) -> Callable[[], object]:
-    """A reader of os.environ[name] (None when unset) that runs on every call but costs little.
-
-    os.environ.get spends microseconds raising and catching KeyError for an unset name; the
-    mapping's own dict answers the same question (its raw, encoded value) directly.
-    """
-    key = os.environ.encodekey(name) if hasattr(os.environ, "encodekey") else name
-
-    def read():
-        data = getattr(os.environ, "_data", None)
-        return data.get(key) if type(data) is dict else os.environ.get(name)
-
-    return read
-
-
-_plan_env = tuple(_env_reader(name) for name in PLAN_ENV_VARS)
-
-
 def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[int, int]) -> LaunchPlan:
     """`plan_launch` for this call, memoised on all it reads: the shapes, the device and the
     current values of KDTREE_VARIANT and KDTREE_SPLITS (read on every call)."""
-    read_variant, read_splits = _plan_env
+    env = os.environ
     key = (problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv,
-           sm_count, capability, read_variant(), read_splits())
+           sm_count, capability, *(env.get(name) for name in PLAN_ENV_VARS))
     plan = _plans.get(key)
     if plan is None:
         plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,

@@ -208,7 +208,7 @@ def test_plan_env_vars_cover_what_launch_plan_reads():
     assert read and read <= set(cuda_op.PLAN_ENV_VARS)
 
 
-def test_env_reader_works_without_a_real_environ(monkeypatch):
+def test_plan_reads_the_environment_mapping_of_the_moment(monkeypatch):
     monkeypatch.setattr(os, "environ", {"KDTREE_VARIANT": "base32"})
     problem = validate(*_case().values())
     assert cuda_op.cached_plan(problem, 100, 132, (9, 0)).variant == launch_plan.VARIANTS["base32"]
