@@ -104,6 +104,17 @@ TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8,
           (128, 64, 8, 32768), (8, 1024, 1, 32768)]
 
 
+def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
+    """'H,T,B,L;H,T,B,L' -> [(H, T, B, L), ...], with a clear error for anything else."""
+    configs = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        fields = part.split(",")
+        if len(fields) != 4 or not all(f.strip().isdigit() for f in fields):
+            raise SystemExit(f"--configs: {part!r} is not H,T,B,L (four integers)")
+        configs.append(tuple(int(f) for f in fields))
+    return configs
+
+
 def impls():
     from kdtree.kernels import tree_verify_mla
 
@@ -179,6 +190,7 @@ def main():
     ap.add_argument("--time-variants", default="", help="also time these variants (comma list)")
     ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
     ap.add_argument("--profile", default="", help="H,T,B,L: only run that config a few times (for ncu)")
+    ap.add_argument("--configs", default="", help="timing configs 'H,T,B,L;H,T,B,L' (default: the built-in list)")
     args = ap.parse_args()
     if args.profile:
         H, T, B, L = (int(x) for x in args.profile.split(","))
@@ -225,7 +237,7 @@ def main():
     slots = int(args.pool_gb * 1e9 / ROW_BYTES)
     pool = torch.empty(slots, 576, dtype=torch.bfloat16, device="cuda").normal_(0, 0.5)
     names = args.impl or ["cuda", "naive", "triton"]
-    configs = TIMING[:4] if args.quick else TIMING
+    configs = parse_configs(args.configs) if args.configs else TIMING[:4] if args.quick else TIMING
     report["timing"] = time_configs(configs, pool, bw, fl, names)
     if args.time_variants:
         vs = []

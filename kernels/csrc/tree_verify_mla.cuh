@@ -36,6 +36,12 @@
 #define KD_BREAK 0
 #endif
 
+// Measurement knob: the producer asks L2 for the rows of the tile this many tiles ahead of the
+// one it copies (cp.async.bulk.prefetch.L2), so HBM latency hides behind more than the ring.
+#ifndef KD_L2_PREFETCH
+#define KD_L2_PREFETCH 0
+#endif
+
 namespace kdtree {
 
 constexpr int kHeadDim = 576;
@@ -93,6 +99,24 @@ __device__ __forceinline__ bool block_range(const TreeVerifyParams& p, int split
     return false;
   }
   return true;
+}
+
+// Fill a bulk-copy ring before the main loop. Normally zeros: rows past the split's end are
+// never copied and must hold finite values (P = 0). KD_SKIP 8 builds never copy at all, so they
+// get small pseudo-random values instead, keeping the tensor cores' data (and power) realistic.
+__device__ __forceinline__ void init_ring(void* ring, int bytes, int tid, int nthreads) {
+  uint4* r = reinterpret_cast<uint4*>(ring);
+  for (int i = tid; i < bytes / 16; i += nthreads) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (KD_SKIP & 8) {
+      uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+      v.x = (h & 0x807f807fu) | 0x3c003c00u;  // bf16 pairs with |x| in [0.0078, 0.016)
+      v.y = v.x ^ 0x80008000u;
+      v.z = ((h >> 7) & 0x807f807fu) | 0x3c003c00u;
+      v.w = v.z ^ 0x00008000u;
+    }
+    r[i] = v;
+  }
 }
 
 // Visibility of keys j0 .. j0 + n - 1 (n <= 32) for a query row whose packed tree-mask row is

@@ -78,9 +78,7 @@ __global__ void __launch_bounds__(g64::kThreads, 1) tree_verify_mla_g64_kernel(c
   const int num_tiles = (kend - kbeg + kBN - 1) / kBN;
   const int32_t* idx = p.kv_indices + kv0;
 
-  // Zero the ring once: rows past kend are never copied and must hold finite values (P = 0).
-  for (int i = tid; i < kStages * kStageBytes / 16; i += g64::kThreads)
-    reinterpret_cast<uint4*>(sK)[i] = make_uint4(0u, 0u, 0u, 0u);
+  init_ring(sK, kStages * kStageBytes, tid, g64::kThreads);
   if (tid < kStages) {
     mbar_init(&full[tid], 1);
     done_count[tid] = 0;
@@ -103,6 +101,11 @@ __global__ void __launch_bounds__(g64::kThreads, 1) tree_verify_mla_g64_kernel(c
     if (lane < valid)
       bulk_copy_g2s(sK + st * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                     kHeadDim * 2, &full[st]);
+    if (KD_L2_PREFETCH > 0) {
+      const int ahead = base + KD_L2_PREFETCH * kBN + lane;
+      if (lane < kBN && ahead < kend)
+        prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
+    }
   };
   auto slot_of = [&](int it) {
     const int j = kbeg + it * kBN + lane;

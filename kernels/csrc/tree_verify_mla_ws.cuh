@@ -64,9 +64,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   const int64_t grow0 = br.grow0;
   const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
 
-  // Zero both stages once: rows past kend are never copied, and must hold finite values (P = 0).
-  for (int i = tid; i < 2 * kStageBytes / 16; i += kThreadsWS)
-    reinterpret_cast<uint4*>(sK)[i] = make_uint4(0u, 0u, 0u, 0u);
+  init_ring(sK, 2 * kStageBytes, tid, kThreadsWS);
   if (tid == 0) {
     mbar_init(&full[0], 1);
     mbar_init(&full[1], 1);
@@ -88,11 +86,19 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       const int slot_next = (it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
       if (it >= 2) mbar_wait(&empty[buf], ((it >> 1) - 1) & 1);
       const int valid = min(kBlockN, kend - base);
+      if (KD_SKIP & 8) {
+        if (lane == 0) mbar_arrive(&full[buf]);
+        continue;
+      }
       if (lane == 0) mbar_arrive_expect_tx(&full[buf], valid * kHeadDim * 2);
       __syncwarp();
       if (lane < valid)
         bulk_copy_g2s(sK + buf * kBlockN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                       kHeadDim * 2, &full[buf]);
+      if (KD_L2_PREFETCH > 0) {
+        const int ahead = base + KD_L2_PREFETCH * kBlockN + lane;
+        if (ahead < kend) prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
+      }
       slot = slot_next;
     }
     return;
