@@ -104,6 +104,14 @@ TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8,
           (128, 64, 8, 32768), (8, 1024, 1, 32768)]
 
 
+def restore_env(name: str, value: str | None) -> None:
+    """Put an environment variable back as the caller had it (unset if it was)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
     """'H,T,B,L;H,T,B,L' -> [(H, T, B, L), ...], with a clear error for anything else."""
     configs = []
@@ -217,11 +225,12 @@ def main():
     from kdtree.kernels import tree_verify_mla
 
     rows = []
+    forced = os.environ.get("KDTREE_VARIANT")  # the caller's choice holds for the timing below
     for variant in ([] if args.time_only else args.variants.split(",")):
         os.environ["KDTREE_VARIANT"] = variant
         for r in check_correctness(tree_verify_mla, trials=1 if args.quick else 2):
             rows.append(dict(r, variant=variant))
-    os.environ.pop("KDTREE_VARIANT", None)
+    restore_env("KDTREE_VARIANT", forced)
     report["correctness"] = rows
     for r in rows:
         print(f"{'ok ' if r['ok'] else 'BAD'} {r['variant']:<7}{r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
@@ -245,15 +254,16 @@ def main():
             os.environ["KDTREE_VARIANT"] = v
             print(f"-- variant={v}")
             vs.append(dict(variant=v, rows=time_configs(configs, pool, bw, fl, ["cuda"])))
-        os.environ.pop("KDTREE_VARIANT")
+        restore_env("KDTREE_VARIANT", forced)
         report["variant_sweep"] = vs
     if args.splits:
+        forced_splits = os.environ.get("KDTREE_SPLITS")
         sweep = []
         for s in args.splits.split(","):
             os.environ["KDTREE_SPLITS"] = s
             print(f"-- splits={s}")
             sweep.append(dict(splits=s, rows=time_configs(configs, pool, bw, fl, ["cuda"])))
-        os.environ.pop("KDTREE_SPLITS")
+        restore_env("KDTREE_SPLITS", forced_splits)
         report["split_sweep"] = sweep
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "devcheck.json").write_text(json.dumps(report, indent=1, default=str))

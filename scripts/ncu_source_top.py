@@ -33,6 +33,11 @@ def main() -> int:
     if not rows:
         print("no CSV rows in", args.csv)
         return 1
+    while rows and "Source" not in rows[0]:  # a "Kernel Name" line comes first
+        rows = rows[1:]
+    if not rows:
+        print("no header row with a Source column in", args.csv)
+        return 1
     header, body = rows[0], rows[1:]
     low = [h.lower() for h in header]
     src = next((i for i, h in enumerate(low) if h == "source"), None)
@@ -40,8 +45,7 @@ def main() -> int:
     if src is None or total_col is None:
         print("unexpected columns:", header)
         return 1
-    reason_cols = [i for i, h in enumerate(low) if h.startswith("stall_") or "stall " in h and i != total_col]
-    reason_cols = [i for i in reason_cols if "sampling" not in low[i]]
+    reason_cols = [i for i, h in enumerate(low) if h.startswith("stall_") and "(not issued)" not in h]
     total = sum(number(r[total_col]) for r in body if len(r) > total_col) or 1.0
     print(f"{len(body)} instructions, {total:.0f} samples; reason columns: {len(reason_cols)}")
     ranked = sorted((r for r in body if len(r) > total_col), key=lambda r: -number(r[total_col]))

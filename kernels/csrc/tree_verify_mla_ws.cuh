@@ -22,26 +22,45 @@ namespace kdtree {
 #define WS_QK_AHEAD 3
 #endif
 
+// Measurement knob: 0 drops the proxy fence before each consumer's release of a stage.
+#ifndef KD_RELEASE_FENCE
+#define KD_RELEASE_FENCE 1
+#endif
+
+// Tile shape knobs: keys per tile and ring depth (32 x 2 or 16 x 4 fit sm_120's 101376 bytes).
+#ifndef WS_BN
+#define WS_BN 32
+#endif
+#ifndef WS_STAGES
+#define WS_STAGES 2
+#endif
+
 namespace ws {
+constexpr int kBN = WS_BN;
+constexpr int kStages = WS_STAGES;
 constexpr int kGroups = 2;
 constexpr int kGroupThreads = 128;
 constexpr int kConsumers = kGroups * kGroupThreads;  // 256
 constexpr int kThreadsWS = kConsumers + 32;          // + producer warp
 constexpr int kRows = 16;                            // per group
 constexpr int kTPR = kGroupThreads / kRows;          // 8 softmax threads per row
-constexpr int kKPT = kBlockN / kTPR;                 // 4 keys each
-constexpr int kStageBytes = kBlockN * kKRow * 2;
+constexpr int kKPT = kBN / kTPR;                     // keys each
+constexpr int kRedS = kBN + 8;                       // floats per sRed row
+constexpr int kPS = kBN + 8;                         // bf16 per sP row: conflict-free ldmatrix
+constexpr int kStageBytes = kBN * kKRow * 2;
 constexpr float kRescaleLog2 = 8.f;
 struct Smem {
   static constexpr int k_off = 0;
-  static constexpr int red_off = 2 * kStageBytes;
-  static constexpr int red_group = kDimSlices * kRows * kRedStride * 4;
+  static constexpr int red_off = kStages * kStageBytes;
+  static constexpr int red_group = kDimSlices * kRows * kRedS * 4;
   static constexpr int p_off = red_off + kGroups * red_group;
-  static constexpr int p_group = kRows * kPStride * 2;
+  static constexpr int p_group = kRows * kPS * 2;
   static constexpr int stats_off = p_off + kGroups * p_group;
   static constexpr int bar_off = stats_off + kGroups * 3 * kRows * 4;
-  static constexpr int total = bar_off + 4 * 8;
+  static constexpr int total = bar_off + 2 * kStages * 8;
 };
+static_assert(kBN == 16 || kBN == 32, "tiles of 16 or 32 keys");
+static_assert(kBlockN % kBN == 0, "splits are cut at kBlockN keys");
 static_assert(Smem::total <= 101376, "must fit sm_120's per-block shared memory");
 static_assert(Smem::bar_off % 8 == 0, "mbarriers need 8-byte alignment");
 }  // namespace ws
@@ -51,7 +70,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   extern __shared__ __align__(128) uint8_t smem[];
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem + Smem::k_off);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bar_off);
-  uint64_t* empty = full + 2;
+  uint64_t* empty = full + kStages;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
@@ -62,30 +81,28 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   const int qo0 = br.qo0, T = br.T, rows = br.rows, row0 = br.row0, kv0 = br.kv0, Lp = br.Lp;
   const int kbeg = br.kbeg, kend = br.kend;
   const int64_t grow0 = br.grow0;
-  const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
+  const int num_tiles = (kend - kbeg + kBN - 1) / kBN;
 
-  init_ring(sK, 2 * kStageBytes, tid, kThreadsWS);
-  if (tid == 0) {
-    mbar_init(&full[0], 1);
-    mbar_init(&full[1], 1);
-    mbar_init(&empty[0], kConsumers);
-    mbar_init(&empty[1], kConsumers);
-    fence_mbarrier_init();
+  init_ring(sK, kStages * kStageBytes, tid, kThreadsWS);
+  if (tid < kStages) {
+    mbar_init(&full[tid], 1);
+    mbar_init(&empty[tid], kConsumers);
   }
+  if (tid == 0) fence_mbarrier_init();
   fence_proxy_async_shared();
   __syncthreads();
 
   if (warp == kConsumers / 32) {
     // ---------------- producer warp ----------------
     const int32_t* idx = p.kv_indices + kv0;
-    int slot = kbeg + lane < kend ? __ldg(idx + kbeg + lane) : -1;
+    int slot = lane < kBN && kbeg + lane < kend ? __ldg(idx + kbeg + lane) : -1;
     for (int it = 0; it < num_tiles; ++it) {
-      const int buf = it & 1;
-      const int base = kbeg + it * kBlockN;
-      const int next = base + kBlockN + lane;
-      const int slot_next = (it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
-      if (it >= 2) mbar_wait(&empty[buf], ((it >> 1) - 1) & 1);
-      const int valid = min(kBlockN, kend - base);
+      const int buf = it % kStages;
+      const int base = kbeg + it * kBN;
+      const int next = base + kBN + lane;
+      const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
+      if (it >= kStages) mbar_wait(&empty[buf], ((it / kStages) - 1) & 1);
+      const int valid = min(kBN, kend - base);
       if (KD_SKIP & 8) {
         if (lane == 0) mbar_arrive(&full[buf]);
         continue;
@@ -93,11 +110,11 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       if (lane == 0) mbar_arrive_expect_tx(&full[buf], valid * kHeadDim * 2);
       __syncwarp();
       if (lane < valid)
-        bulk_copy_g2s(sK + buf * kBlockN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
+        bulk_copy_g2s(sK + buf * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                       kHeadDim * 2, &full[buf]);
       if (KD_L2_PREFETCH > 0) {
-        const int ahead = base + KD_L2_PREFETCH * kBlockN + lane;
-        if (ahead < kend) prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
+        const int ahead = base + KD_L2_PREFETCH * kBN + lane;
+        if (lane < kBN && ahead < kend) prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
       }
       slot = slot_next;
     }
@@ -144,16 +161,17 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 
   for (int it = 0; it < num_tiles; ++it) {
-    const int buf = it & 1;
-    const int tile_base = kbeg + it * kBlockN;
-    const __nv_bfloat16* tK = sK + buf * kBlockN * kKRow;
-    mbar_wait(&full[buf], (it >> 1) & 1);
+    const int buf = it % kStages;
+    const int tile_base = kbeg + it * kBN;
+    const __nv_bfloat16* tK = sK + buf * kBN * kKRow;
+    mbar_wait(&full[buf], (it / kStages) & 1);
 
-    // QK over this warp's 144-dim slice, all 32 keys of the tile.
+    // QK over this warp's 144-dim slice, all keys of the tile.
     {
-      float sacc[4][4];
+      constexpr int kNT = kBN / 8;  // 8-key MMA tiles; one ldmatrix.x4 covers two
+      float sacc[kNT][4];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.f;
       const __nv_bfloat16* kb = tK + ((mi >> 1) * 8 + (lane & 7)) * kKRow + ks * kStepsPerSlice * 16 + (mi & 1) * 8;
@@ -164,7 +182,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 #pragma unroll
       for (int a = 0; a < kAhead; ++a) {
         ldmatrix_x4(b0[a], kb + a * 16);
-        ldmatrix_x4(b1[a], kb + 16 * kKRow + a * 16);
+        if (kNT == 4) ldmatrix_x4(b1[a], kb + 16 * kKRow + a * 16);
       }
 #pragma unroll
       for (int kk = 0; kk < kStepsPerSlice; ++kk) {
@@ -172,36 +190,48 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         if (kk + kAhead < kStepsPerSlice) {
           const int nxt = (kk + kAhead) % (kAhead + 1);
           ldmatrix_x4(b0[nxt], kb + (kk + kAhead) * 16);
-          ldmatrix_x4(b1[nxt], kb + 16 * kKRow + (kk + kAhead) * 16);
+          if (kNT == 4) ldmatrix_x4(b1[nxt], kb + 16 * kKRow + (kk + kAhead) * 16);
         }
         mma_bf16_16816(sacc[0], qf[kk], b0[cur][0], b0[cur][1]);
         mma_bf16_16816(sacc[1], qf[kk], b0[cur][2], b0[cur][3]);
-        mma_bf16_16816(sacc[2], qf[kk], b1[cur][0], b1[cur][1]);
-        mma_bf16_16816(sacc[3], qf[kk], b1[cur][2], b1[cur][3]);
+        if (kNT == 4) {
+          mma_bf16_16816(sacc[kNT / 2], qf[kk], b1[cur][0], b1[cur][1]);
+          mma_bf16_16816(sacc[kNT - 1], qf[kk], b1[cur][2], b1[cur][3]);
+        }
       }
-      float* red = sRed + ks * kRows * kRedStride;
+      float* red = sRed + ks * kRows * kRedS;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kNT; ++nt) {
         const int col = nt * 8 + 2 * t4;
-        *reinterpret_cast<float2*>(red + g * kRedStride + col) = make_float2(sacc[nt][0], sacc[nt][1]);
-        *reinterpret_cast<float2*>(red + (g + 8) * kRedStride + col) = make_float2(sacc[nt][2], sacc[nt][3]);
+        *reinterpret_cast<float2*>(red + g * kRedS + col) = make_float2(sacc[nt][0], sacc[nt][1]);
+        *reinterpret_cast<float2*>(red + (g + 8) * kRedS + col) = make_float2(sacc[nt][2], sacc[nt][3]);
       }
     }
     named_barrier_sync(bar_id, kGroupThreads);
 
-    // softmax: 8 threads per row, 4 keys each.
+    // softmax: 8 threads per row, kKPT keys each.
     bool rescale = false;
     {
       float s[kKPT];
       {
-        const float4 v0 = *reinterpret_cast<const float4*>(sRed + 0 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
-        const float4 v1 = *reinterpret_cast<const float4*>(sRed + 1 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
-        const float4 v2 = *reinterpret_cast<const float4*>(sRed + 2 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
-        const float4 v3 = *reinterpret_cast<const float4*>(sRed + 3 * kRows * kRedStride + sr * kRedStride + sc * kKPT);
-        s[0] = (v0.x + v1.x) + (v2.x + v3.x);
-        s[1] = (v0.y + v1.y) + (v2.y + v3.y);
-        s[2] = (v0.z + v1.z) + (v2.z + v3.z);
-        s[3] = (v0.w + v1.w) + (v2.w + v3.w);
+        const float* src = sRed + sr * kRedS + sc * kKPT;
+        if constexpr (kKPT == 4) {
+          const float4 v0 = *reinterpret_cast<const float4*>(src + 0 * kRows * kRedS);
+          const float4 v1 = *reinterpret_cast<const float4*>(src + 1 * kRows * kRedS);
+          const float4 v2 = *reinterpret_cast<const float4*>(src + 2 * kRows * kRedS);
+          const float4 v3 = *reinterpret_cast<const float4*>(src + 3 * kRows * kRedS);
+          s[0] = (v0.x + v1.x) + (v2.x + v3.x);
+          s[1] = (v0.y + v1.y) + (v2.y + v3.y);
+          s[2] = (v0.z + v1.z) + (v2.z + v3.z);
+          s[3] = (v0.w + v1.w) + (v2.w + v3.w);
+        } else {
+          const float2 v0 = *reinterpret_cast<const float2*>(src + 0 * kRows * kRedS);
+          const float2 v1 = *reinterpret_cast<const float2*>(src + 1 * kRows * kRedS);
+          const float2 v2 = *reinterpret_cast<const float2*>(src + 2 * kRows * kRedS);
+          const float2 v3 = *reinterpret_cast<const float2*>(src + 3 * kRows * kRedS);
+          s[0] = (v0.x + v1.x) + (v2.x + v3.x);
+          s[1] = (v0.y + v1.y) + (v2.y + v3.y);
+        }
       }
       const int j0 = tile_base + sc * kKPT;
       const uint64_t bits = tree_visible_bits(mask_row, p.mask_words, j0, kKPT, Lp);
@@ -232,10 +262,14 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       }
       // l_run is this thread's share of the row sum (alpha is the row's): summed once, at the end.
       l_run = l_run * alpha + psum;
-      uint2 pk;
-      pk.x = pack_bf16x2(s[0], s[1]);
-      pk.y = pack_bf16x2(s[2], s[3]);
-      *reinterpret_cast<uint2*>(sP + sr * kPStride + sc * kKPT) = pk;
+      if constexpr (kKPT == 4) {
+        uint2 pk;
+        pk.x = pack_bf16x2(s[0], s[1]);
+        pk.y = pack_bf16x2(s[2], s[3]);
+        *reinterpret_cast<uint2*>(sP + sr * kPS + sc * kKPT) = pk;
+      } else {
+        *reinterpret_cast<uint32_t*>(sP + sr * kPS + sc * kKPT) = pack_bf16x2(s[0], s[1]);
+      }
       if (sc == 0) sAlpha[sr] = alpha;
       rescale = alpha != 1.f;
     }
@@ -254,9 +288,9 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kBN / 16; ++kk) {
         uint32_t pa[4];
-        ldmatrix_x4(pa, sP + ((mi & 1) * 8 + (lane & 7)) * kPStride + kk * 16 + (mi >> 1) * 8);
+        ldmatrix_x4(pa, sP + ((mi & 1) * 8 + (lane & 7)) * kPS + kk * 16 + (mi >> 1) * 8);
         const __nv_bfloat16* vrow = tK + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * kKRow + ks * 128 + (mi >> 1) * 8;
         // All eight V fragments of the step are requested before the first MMA needs one.
         uint32_t vb[8][4];
@@ -271,7 +305,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
     }
     // Every consumer thread orders its own shared-memory reads of this stage before the producer's
     // next bulk copy into it: generic-proxy reads, then a proxy fence, then a release-arrive.
-    fence_proxy_async_shared();
+    if (KD_RELEASE_FENCE) fence_proxy_async_shared();
     mbar_arrive(&empty[buf]);
   }
 
