@@ -41,6 +41,10 @@
 #ifndef KD_L2_PREFETCH
 #define KD_L2_PREFETCH 0
 #endif
+// ... with one bulk prefetch per row (0) or plain per-line prefetches spread over the warp (1).
+#ifndef KD_L2_PREFETCH_LINES
+#define KD_L2_PREFETCH_LINES 0
+#endif
 
 namespace kdtree {
 

@@ -112,7 +112,16 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       if (lane < valid)
         bulk_copy_g2s(sK + buf * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                       kHeadDim * 2, &full[buf]);
-      if (KD_L2_PREFETCH > 0) {
+      if (KD_L2_PREFETCH > 0 && KD_L2_PREFETCH_LINES) {
+        // 9 lines of 128 B per row: lane l takes lines l, l + 32, ... of the tile's kBN x 9.
+        const int first = base + KD_L2_PREFETCH * kBN;
+        for (int c = lane; c < kBN * 9; c += 32) {
+          const int j = first + c / 9;
+          if (j < kend)
+            prefetch_l2_line(reinterpret_cast<const char*>(p.kv + static_cast<int64_t>(__ldg(idx + j)) * kHeadDim) +
+                             (c % 9) * 128);
+        }
+      } else if (KD_L2_PREFETCH > 0) {
         const int ahead = base + KD_L2_PREFETCH * kBN + lane;
         if (lane < kBN && ahead < kend) prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
       }
