@@ -93,14 +93,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-// Ask L2 to fetch `bytes` (a multiple of 16) at `src` ahead of a later copy; no data reaches the SM.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-// Ask L2 for the 128-byte line holding `src` (a plain per-thread prefetch, no copy engine).
-__device__ __forceinline__ void prefetch_l2_line(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
-}
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }

@@ -36,16 +36,6 @@
 #define KD_BREAK 0
 #endif
 
-// Measurement knob: the producer asks L2 for the rows of the tile this many tiles ahead of the
-// one it copies (cp.async.bulk.prefetch.L2), so HBM latency hides behind more than the ring.
-#ifndef KD_L2_PREFETCH
-#define KD_L2_PREFETCH 0
-#endif
-// ... with one bulk prefetch per row (0) or plain per-line prefetches spread over the warp (1).
-#ifndef KD_L2_PREFETCH_LINES
-#define KD_L2_PREFETCH_LINES 0
-#endif
-
 namespace kdtree {
 
 constexpr int kHeadDim = 576;

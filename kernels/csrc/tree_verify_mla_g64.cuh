@@ -101,11 +101,6 @@ __global__ void __launch_bounds__(g64::kThreads, 1) tree_verify_mla_g64_kernel(c
     if (lane < valid)
       bulk_copy_g2s(sK + st * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                     kHeadDim * 2, &full[st]);
-    if (KD_L2_PREFETCH > 0) {
-      const int ahead = base + KD_L2_PREFETCH * kBN + lane;
-      if (lane < kBN && ahead < kend)
-        prefetch_l2_bulk(p.kv + static_cast<int64_t>(__ldg(idx + ahead)) * kHeadDim, kHeadDim * 2);
-    }
   };
   auto slot_of = [&](int it) {
     const int j = kbeg + it * kBN + lane;
