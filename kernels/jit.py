@@ -194,17 +194,10 @@ class ArchBuild:
     dynamic_smem_bytes: dict[str, int] = field(default_factory=dict)
 
 
-# WsShape<groups, keys per tile, stages, producer warp> instantiations, by mangled kernel name.
-WS_SHAPES = {
-    "_ZN6kdtree25tree_verify_mla_ws_kernelINS_7WsShapeILi2ELi32ELi2ELb1EEEEEvNS_16TreeVerifyParamsE": (2, 32, 2, True),
-    "_ZN6kdtree25tree_verify_mla_ws_kernelINS_7WsShapeILi3ELi16ELi4ELb0EEEEEvNS_16TreeVerifyParamsE": (3, 16, 4, False),
-}
-
-
 def dynamic_smem_bytes() -> dict[str, int]:
     """Dynamic shared memory each kernel is launched with, by mangled name (ptxas cannot see it).
 
-    Mirrors SmemLayout<MT>, WsShape<...> and g64::Smem in csrc/; tests/kernels/test_jit.py checks these against
+    Mirrors SmemLayout<MT>, ws::Smem and g64::Smem in csrc/; tests/kernels/test_jit.py checks these against
     the compiled extension's own `shared_bytes`.
     """
     block_n, krow, red_stride, p_stride = 32, 576 + 8, 40, 40
@@ -214,11 +207,9 @@ def dynamic_smem_bytes() -> dict[str, int]:
         bm = 16 * mt
         sizes[f"_ZN6kdtree22tree_verify_mla_kernelILi{mt}EEEvNS_16TreeVerifyParamsE"] = (
             stages + 4 * bm * red_stride * 4 + bm * p_stride * 2 + 3 * bm * 4)
-    for name, (groups, bn, ring, producer) in WS_SHAPES.items():  # WsShape<...> in csrc/
-        rows = 16
-        sizes[name] = (ring * bn * krow * 2 + groups * (4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + 3 * rows * 4)
-                       + 2 * ring * 8 + (0 if producer else ring * 4))
-    groups = 2
+    groups, rows = 2, 16
+    sizes["_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"] = (
+        stages + groups * (4 * rows * red_stride * 4 + rows * p_stride * 2 + 3 * rows * 4) + 4 * 8)
     rows, bn, ring = 32, 16, 4  # g64: 16-key tiles in a four-stage ring
     sizes["_ZN6kdtree26tree_verify_mla_g64_kernelENS_16TreeVerifyParamsE"] = (
         ring * bn * krow * 2 + groups * (4 * rows * (bn + 4) * 4 + rows * (bn + 8) * 2 + 3 * rows * 4) + ring * (8 + 4))
@@ -227,9 +218,8 @@ def dynamic_smem_bytes() -> dict[str, int]:
 
 VARIANT_KERNELS = {1: "_ZN6kdtree22tree_verify_mla_kernelILi1EEEvNS_16TreeVerifyParamsE",
                    2: "_ZN6kdtree22tree_verify_mla_kernelILi2EEEvNS_16TreeVerifyParamsE",
-                   3: "_ZN6kdtree25tree_verify_mla_ws_kernelINS_7WsShapeILi2ELi32ELi2ELb1EEEEEvNS_16TreeVerifyParamsE",
-                   4: "_ZN6kdtree26tree_verify_mla_g64_kernelENS_16TreeVerifyParamsE",
-                   5: "_ZN6kdtree25tree_verify_mla_ws_kernelINS_7WsShapeILi3ELi16ELi4ELb0EEEEEvNS_16TreeVerifyParamsE"}
+                   3: "_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE",
+                   4: "_ZN6kdtree26tree_verify_mla_g64_kernelENS_16TreeVerifyParamsE"}
 
 
 def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:

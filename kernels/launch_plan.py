@@ -23,8 +23,8 @@ BLOCK_N = 32
 WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
 MAX_SPLITS = 1024
 
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "g64": 4, "ws3": 5}
-BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64, 5: 48}
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "g64": 4}
+BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
 
 # Cost-model constants, in tile units (see the module docstring).
 CTA_OVERHEAD_TILES = 3.0  # Q fragments, pipeline fill, epilogue
@@ -39,9 +39,7 @@ class LaunchPlan:
 
     `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
     kernel (32 rows per CTA, bulk-copy producer warp); 4 is the 64-row kernel of two 32-row
-    warp groups; 5 ("ws3") is three 16-row groups (48 rows per CTA) with 16-key tiles in a
-    four-stage ring and no producer warp. 3, 4 and 5 use the bulk copy engine and mbarriers, so
-    they need sm_90 or newer.
+    warp groups. 3 and 4 use the bulk copy engine and mbarriers, so they need sm_90 or newer.
     """
 
     num_splits: int

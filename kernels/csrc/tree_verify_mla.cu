@@ -35,10 +35,9 @@ cudaError_t launch_mt(const TreeVerifyParams& p, int grid_y, cudaStream_t stream
   return launch_kernel(tree_verify_mla_kernel<MT>, SmemLayout<MT>::total, kThreads, p, grid_y, stream, configured);
 }
 
-template <typename Shape>
 cudaError_t launch_ws(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
   static bool configured[64] = {false};
-  return launch_kernel(tree_verify_mla_ws_kernel<Shape>, Shape::total, Shape::kThreads, p, grid_y, stream, configured);
+  return launch_kernel(tree_verify_mla_ws_kernel, ws::Smem::total, ws::kThreadsWS, p, grid_y, stream, configured);
 }
 
 cudaError_t launch_g64(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
@@ -58,11 +57,9 @@ cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_
     case 2:
       return launch_mt<2>(p, grid_y, stream);
     case 3:  // warp-specialised, 32 rows per CTA, sm_90+ (bulk copy + mbarrier)
-      return launch_ws<WsDefault>(p, grid_y, stream);
+      return launch_ws(p, grid_y, stream);
     case 4:  // 64 rows per CTA in two 32-row groups, sm_90+ (bulk copy + mbarrier)
       return launch_g64(p, grid_y, stream);
-    case 5:  // three 16-row groups, 48 rows per CTA, no producer warp, sm_90+
-      return launch_ws<Ws3>(p, grid_y, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -75,11 +72,9 @@ int shared_bytes(int m_tiles) {
     case 2:
       return SmemLayout<2>::total;
     case 3:
-      return WsDefault::total;
+      return ws::Smem::total;
     case 4:
       return g64::Smem::total;
-    case 5:
-      return Ws3::total;
     default:
       return -1;
   }

@@ -23,72 +23,50 @@ namespace kdtree {
 #define WS_QK_AHEAD 3
 #endif
 
-// The variant's shape: consumer groups of 16 query rows (4 warps each), keys per tile, ring
-// stages, and who refills the ring. With a producer warp (ws: 2 groups, 32 x 2) one SM
-// sub-partition holds three of the nine warps, so ptxas caps every thread at 168 registers (a
-// sub-partition has 16384). Without one (ws3: 3 groups, 16 x 4, twelve warps, three per
-// sub-partition, the same 168) the last consumer warp to finish a stage, counted with a
-// shared-memory atomic, issues the copies that refill it.
-template <int Groups, int BN, int Stages, bool Producer>
-struct WsShape {
-  static constexpr int kGroups = Groups;
-  static constexpr int kBN = BN;
-  static constexpr int kStages = Stages;
-  static constexpr bool kProducer = Producer;
-  static constexpr int kGroupThreads = 128;
-  static constexpr int kConsumers = kGroups * kGroupThreads;
-  static constexpr int kConsumerWarps = kConsumers / 32;
-  static constexpr int kThreads = kConsumers + (Producer ? 32 : 0);
-  static constexpr int kRows = 16;                    // per group
-  static constexpr int kTPR = kGroupThreads / kRows;  // 8 softmax threads per row
-  static constexpr int kKPT = kBN / kTPR;             // keys each
-  static constexpr int kRedS = kBN + 8;               // floats per sRed row
-  static constexpr int kPS = kBN + 8;                 // bf16 per sP row: conflict-free ldmatrix
-  static constexpr int kStageBytes = kBN * kKRow * 2;
-  // shared memory
+// Tile shape knobs: keys per tile and ring depth (32 x 2 or 16 x 4 fit sm_120's 101376 bytes).
+#ifndef WS_BN
+#define WS_BN 32
+#endif
+#ifndef WS_STAGES
+#define WS_STAGES 2
+#endif
+
+namespace ws {
+constexpr int kBN = WS_BN;
+constexpr int kStages = WS_STAGES;
+constexpr int kGroups = 2;
+constexpr int kGroupThreads = 128;
+constexpr int kConsumers = kGroups * kGroupThreads;  // 256
+constexpr int kThreadsWS = kConsumers + 32;          // + producer warp
+constexpr int kRows = 16;                            // per group
+constexpr int kTPR = kGroupThreads / kRows;          // 8 softmax threads per row
+constexpr int kKPT = kBN / kTPR;                     // keys each
+constexpr int kRedS = kBN + 8;                       // floats per sRed row
+constexpr int kPS = kBN + 8;                         // bf16 per sP row: conflict-free ldmatrix
+constexpr int kStageBytes = kBN * kKRow * 2;
+constexpr float kRescaleLog2 = 8.f;
+struct Smem {
+  static constexpr int k_off = 0;
   static constexpr int red_off = kStages * kStageBytes;
   static constexpr int red_group = kDimSlices * kRows * kRedS * 4;
   static constexpr int p_off = red_off + kGroups * red_group;
   static constexpr int p_group = kRows * kPS * 2;
   static constexpr int stats_off = p_off + kGroups * p_group;
   static constexpr int bar_off = stats_off + kGroups * 3 * kRows * 4;
-  static constexpr int cnt_off = bar_off + 2 * kStages * 8;
-  static constexpr int total = cnt_off + (Producer ? 0 : kStages * 4);
-  static_assert(kBN == 16 || kBN == 32, "tiles of 16 or 32 keys");
-  static_assert(kBlockN % kBN == 0, "splits are cut at kBlockN keys");
-  static_assert(Producer || kStages <= kConsumerWarps, "one warp issues each initial stage");
-  static_assert(total <= 101376, "must fit sm_120's per-block shared memory");
-  static_assert(bar_off % 8 == 0, "mbarriers need 8-byte alignment");
+  static constexpr int total = bar_off + 2 * kStages * 8;
 };
-using WsDefault = WsShape<2, 32, 2, true>;  // "ws"
-using Ws3 = WsShape<3, 16, 4, false>;       // "ws3"
-constexpr float kWsRescaleLog2 = 8.f;
+static_assert(kBN == 16 || kBN == 32, "tiles of 16 or 32 keys");
+static_assert(kBlockN % kBN == 0, "splits are cut at kBlockN keys");
+static_assert(Smem::total <= 101376, "must fit sm_120's per-block shared memory");
+static_assert(Smem::bar_off % 8 == 0, "mbarriers need 8-byte alignment");
+}  // namespace ws
 
-// Release of a ring stage by a consumer warp without a producer: true for the warp that was
-// last to finish it. The warp's reads are ordered before its lane 0's release add; the last
-// warp's acquire sees every warp's.
-__device__ __forceinline__ bool release_stage_last(int* count, int warps, int lane) {
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) {
-    int old;
-    asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(old) : "r"(smem_addr(count)) : "memory");
-    last = old == warps - 1;
-    if (last) *count = 0;
-  }
-  return __shfl_sync(0xffffffffu, last, 0) != 0;
-}
-
-template <typename S>
-__global__ void __launch_bounds__(S::kThreads, 1) tree_verify_mla_ws_kernel(const TreeVerifyParams p) {
-  constexpr int kGroups = S::kGroups, kBN = S::kBN, kStages = S::kStages, kRows = S::kRows;
-  constexpr int kGroupThreads = S::kGroupThreads, kTPR = S::kTPR, kKPT = S::kKPT, kRedS = S::kRedS, kPS = S::kPS;
-  constexpr float kRescaleLog2 = kWsRescaleLog2;
+__global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(const TreeVerifyParams p) {
+  using namespace ws;
   extern __shared__ __align__(128) uint8_t smem[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::bar_off);
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem + Smem::k_off);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bar_off);
   uint64_t* empty = full + kStages;
-  int* done_count = reinterpret_cast<int*>(smem + S::cnt_off);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x, rb = blockIdx.y, b = blockIdx.z;
@@ -100,52 +78,39 @@ __global__ void __launch_bounds__(S::kThreads, 1) tree_verify_mla_ws_kernel(cons
   const int kbeg = br.kbeg, kend = br.kend;
   const int64_t grow0 = br.grow0;
   const int num_tiles = (kend - kbeg + kBN - 1) / kBN;
-  const int32_t* idx = p.kv_indices + kv0;
 
-  init_ring(sK, kStages * S::kStageBytes, tid, S::kThreads);
+  init_ring(sK, kStages * kStageBytes, tid, kThreadsWS);
   if (tid < kStages) {
     mbar_init(&full[tid], 1);
-    mbar_init(&empty[tid], S::kConsumers);
-    if (!S::kProducer) done_count[tid] = 0;
+    mbar_init(&empty[tid], kConsumers);
   }
   if (tid == 0) fence_mbarrier_init();
   fence_proxy_async_shared();
   __syncthreads();
 
-  // One warp fills stage it % kStages with tile it: lane l < kBN copies latent row l.
-  auto issue_tile = [&](int it, int slot) {
-    const int buf = it % kStages;
-    const int base = kbeg + it * kBN;
-    const int valid = min(kBN, kend - base);
-    if (KD_SKIP & 8) {  // measurement only: the stage is "full" without any copy
-      if (lane == 0) mbar_arrive(&full[buf]);
-      return;
-    }
-    if (lane == 0) mbar_arrive_expect_tx(&full[buf], valid * kHeadDim * 2);
-    __syncwarp();
-    if (lane < valid)
-      bulk_copy_g2s(sK + buf * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
-                    kHeadDim * 2, &full[buf]);
-  };
-  auto slot_of = [&](int it) {
-    const int j = kbeg + it * kBN + lane;
-    return (it < num_tiles && lane < kBN && j < kend) ? __ldg(idx + j) : -1;
-  };
-
-  if constexpr (S::kProducer) {
-    if (warp == S::kConsumerWarps) {
-      // ---------------- producer warp ----------------
-      int slot = slot_of(0);
-      for (int it = 0; it < num_tiles; ++it) {
-        const int slot_next = slot_of(it + 1);
-        if (it >= kStages) mbar_wait(&empty[it % kStages], ((it / kStages) - 1) & 1);
-        issue_tile(it, slot);
-        slot = slot_next;
+  if (warp == kConsumers / 32) {
+    // ---------------- producer warp ----------------
+    const int32_t* idx = p.kv_indices + kv0;
+    int slot = lane < kBN && kbeg + lane < kend ? __ldg(idx + kbeg + lane) : -1;
+    for (int it = 0; it < num_tiles; ++it) {
+      const int buf = it % kStages;
+      const int base = kbeg + it * kBN;
+      const int next = base + kBN + lane;
+      const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
+      if (it >= kStages) mbar_wait(&empty[buf], ((it / kStages) - 1) & 1);
+      const int valid = min(kBN, kend - base);
+      if (KD_SKIP & 8) {
+        if (lane == 0) mbar_arrive(&full[buf]);
+        continue;
       }
-      return;
+      if (lane == 0) mbar_arrive_expect_tx(&full[buf], valid * kHeadDim * 2);
+      __syncwarp();
+      if (lane < valid)
+        bulk_copy_g2s(sK + buf * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
+                      kHeadDim * 2, &full[buf]);
+      slot = slot_next;
     }
-  } else {
-    if (warp < kStages && warp < num_tiles) issue_tile(warp, slot_of(warp));
+    return;
   }
 
   // ---------------- consumer groups ----------------
@@ -153,9 +118,9 @@ __global__ void __launch_bounds__(S::kThreads, 1) tree_verify_mla_ws_kernel(cons
   const int gt = tid & (kGroupThreads - 1);
   const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3;
   const int grow_base = row0 + grp * kRows;  // first row of this group (request-local)
-  float* sRed = reinterpret_cast<float*>(smem + S::red_off + grp * S::red_group);
-  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + S::p_off + grp * S::p_group);
-  float* sAlpha = reinterpret_cast<float*>(smem + S::stats_off) + grp * 3 * kRows;
+  float* sRed = reinterpret_cast<float*>(smem + Smem::red_off + grp * Smem::red_group);
+  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + Smem::p_off + grp * Smem::p_group);
+  float* sAlpha = reinterpret_cast<float*>(smem + Smem::stats_off) + grp * 3 * kRows;
   float* sL = sAlpha + kRows;
   float* sM = sL + kRows;
   const int bar_id = 1 + grp;
@@ -191,7 +156,6 @@ __global__ void __launch_bounds__(S::kThreads, 1) tree_verify_mla_ws_kernel(cons
     const int buf = it % kStages;
     const int tile_base = kbeg + it * kBN;
     const __nv_bfloat16* tK = sK + buf * kBN * kKRow;
-    const int slot_refill = S::kProducer ? -1 : slot_of(it + kStages);
     mbar_wait(&full[buf], (it / kStages) & 1);
 
     // QK over this warp's 144-dim slice, all keys of the tile.
@@ -331,15 +295,11 @@ __global__ void __launch_bounds__(S::kThreads, 1) tree_verify_mla_ws_kernel(cons
         }
       }
     }
-    if constexpr (S::kProducer) {
-      // Every consumer thread releases the stage itself (its reads, then its release-arrive; the
-      // producer acquires before the next bulk copy), as CUTLASS's TMA pipelines do. A proxy
-      // fence here cost 6 % on tensor-core-bound shapes; racecheck is clean without it.
-      mbar_arrive(&empty[buf]);
-    } else if (release_stage_last(&done_count[buf], S::kConsumerWarps, lane) && it + kStages < num_tiles) {
-      fence_proxy_async_shared();
-      issue_tile(it + kStages, slot_refill);
-    }
+    // Every consumer thread releases the stage itself (its reads, then its release-arrive; the
+    // producer acquires before the next bulk copy), as CUTLASS's TMA pipelines do. A proxy fence
+    // here cost 6 % on tensor-core-bound shapes (it waited for the warp's in-flight MMAs);
+    // racecheck is clean without it.
+    mbar_arrive(&empty[buf]);
   }
 
   // epilogue
