@@ -5,7 +5,7 @@
 #   bash scripts/profile-source.sh [H,T,B,L] [variant ...]      (default variant: ws)
 set -u
 source "$(dirname "$0")/device-env.sh"
-OUT=${OUT:-.}
+OUT=${OUT:-.}; mkdir -p "$OUT"
 shape=${1:-64,16,8,32768}
 shift || true
 variants=${*:-ws}
