@@ -25,7 +25,8 @@
 #include "tree_verify_mla_launch.h"
 
 // Measurement-only switch (never set in a real build): KD_SKIP bit 1 drops the QK MMAs, 2 the
-// softmax, 4 the PV MMAs, 8 the tile loads; timing the variants apportions the kernel's time.
+// softmax, 4 the PV MMAs, 8 the tile loads, 16 the split-combine pass (what combining inside
+// the kernel could save at most); timing the variants apportions the kernel's time.
 #ifndef KD_SKIP
 #define KD_SKIP 0
 #endif
