@@ -404,9 +404,15 @@ __global__ void __launch_bounds__(kThreads, 1) tree_verify_mla_kernel(const Tree
 // meet in shared memory. The weights exp(lse_s - max) are computed once per CTA. One CTA per row
 // with one load in flight per thread was latency-bound: 28.6 us for 32 rows x 132 splits on the
 // H200 (ncu), against the main kernel's 21 us.
-constexpr int kCombineThreads = 128;
+#ifndef KD_COMBINE_WARPS
+#define KD_COMBINE_WARPS 4
+#endif
+constexpr int kCombineThreads = 32 * KD_COMBINE_WARPS;
 constexpr int kCombineQuarters = kValueDim / 128;
-constexpr int kCombineUnroll = 8;
+#ifndef KD_COMBINE_UNROLL
+#define KD_COMBINE_UNROLL 8
+#endif
+constexpr int kCombineUnroll = KD_COMBINE_UNROLL;
 constexpr int kMaxSplits = 1024;
 
 __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const TreeVerifyParams p) {
@@ -429,7 +435,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const T
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (lane == 0) s_red[warp] = mx;
   __syncthreads();
-  mx = fmaxf(fmaxf(s_red[0], s_red[1]), fmaxf(s_red[2], s_red[3]));
+  mx = s_red[0];
+#pragma unroll
+  for (int k = 1; k < kWarps; ++k) mx = fmaxf(mx, s_red[k]);
   float wpart = 0.f;
   for (int s = tid; s < S; s += kCombineThreads) {
     const float v = s_w[s];
@@ -442,7 +450,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const T
   __syncthreads();  // everyone has read s_red (the max) and written its weights
   if (lane == 0) s_red[warp] = wpart;
   __syncthreads();
-  const float wsum = (s_red[0] + s_red[1]) + (s_red[2] + s_red[3]);
+  float wsum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kWarps; ++k) wsum += s_red[k];
 
   const int d = blockIdx.y * 128 + lane * 4;
   const float* base = p.ws_o + row * kValueDim + d;
