@@ -3,9 +3,9 @@ split-combine pass apart, for each shape and each forced split count.
 
     python -m kdtree.kernels.kernel_times --configs "8,16,1,32768;64,4,1,32768" [--splits auto,8,33]
 
-Each call runs on fresh inputs (scattered slots in a pool of its own) behind a GPU busy-wait, so
-kernel durations are not stretched by the host; the L2 is wiped before each call, as in the
-benchmark. Prints, per config and split count, the median microseconds of every CUDA kernel the
+Each config gets one random case (scattered slots in a pool of its own); every call is queued
+behind an L2 wipe and a GPU busy-wait, as in the benchmark, so kernel durations are neither
+helped by a warm L2 nor stretched by the host. Prints, per config and split count, the median microseconds of every CUDA kernel the
 call launched and their sum, next to the roofline floor (copy bandwidth and matmul rate measured
 in the same run). GPU only.
 """
@@ -19,9 +19,9 @@ from collections import defaultdict
 
 import torch
 
-from kdtree.kernels.bench import busy_wait, measure_ceilings
+from kdtree.kernels.bench import busy_wait, l2_flush, measure_ceilings
 from kdtree.kernels.cases import call, make_case
-from kdtree.kernels.devcheck import parse_configs
+from kdtree.kernels.devcheck import parse_configs, restore_env
 from kdtree.kernels.roofline import Shape, floor_seconds
 
 
@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
 
     bw, rate = measure_ceilings()
-    wipe = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"))
+    forced = os.environ.get("KDTREE_SPLITS")
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     for H, T, B, L in parse_configs(args.configs):
         case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))
@@ -75,13 +76,13 @@ def main(argv=None) -> int:
                 os.environ.pop("KDTREE_SPLITS", None)
             else:
                 os.environ["KDTREE_SPLITS"] = s
-            times = kernel_times(lambda: call(tree_verify_mla, case), args.reps, flush=wipe.zero_)
+            times = kernel_times(lambda: call(tree_verify_mla, case), args.reps, flush=flush)
             parts = {short_name(k): statistics.median(v) for k, v in times.items()}
             total = sum(parts.values())
             desc = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
             print(f"H{H} T{T} B{B} L{L} splits={s}: floor {floor_us:.1f} us | kernels {total:.1f} us "
                   f"({floor_us / total:.2f} of the floor) = {desc}", flush=True)
-    os.environ.pop("KDTREE_SPLITS", None)
+    restore_env("KDTREE_SPLITS", forced)
     return 0
 
 
