@@ -1,0 +1,158 @@
+"""Ours (tree mask) against FlashInfer 0.7.2's FA2 and FA3 MLA (causal chain), one process, GPU time.
+
+Per shape: ours on the chain must agree with each peer (rel-L2 <= 1e-2) before any time counts;
+then ours on a random tree, ours on the chain, FA2 and FA3 on the chain are timed interleaved,
+each call queued behind an L2 wipe and a busy-wait (the benchmark's timer). Writes a JSON and a
+markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up FlashInfer).
+
+    python3 scripts/peers_bench.py --out $OUT [--shapes issue|grid|quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kdtree.kernels import flashinfer_peer, tree_verify_mla
+from kdtree.kernels.bench import (
+    busy_wait, case_args, floor_seconds, l2_flush, make_case, make_pool, measure_ceilings, time_interleaved,
+)
+from kdtree.kernels.roofline import Shape, grid
+
+ISSUE_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
+                Shape(128, 64, 1, 131072), Shape(8, 1024, 1, 32768), Shape(8, 4, 1, 131072)]
+
+
+def shapes_for(name: str) -> list[Shape]:
+    if name == "issue":
+        return ISSUE_SHAPES
+    if name == "quick":
+        return grid(quick=True)
+    return [s for s in grid() if s.L >= 32768]
+
+
+def rel_l2(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, flush, lead, reps: int, seed: int) -> dict:
+    case = make_case(shape.H, shape.T, shape.B, shape.L, "scattered", pool, seed)
+    q, kv, qo, kvp, kvi, tree, scale = case_args(case)
+    chain = flashinfer_peer.chain_mask(qo, device=q.device)
+    out_tree = torch.empty(q.shape[0], shape.H, 512, dtype=q.dtype, device=q.device)
+    out_chain = torch.empty_like(out_tree)
+    calls = {"ours_tree": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, tree, scale, out=out_tree),
+             "ours_chain": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, chain, scale, out=out_chain)}
+    row = dict(shape=shape.label, H=shape.H, T=shape.T, B=shape.B, L=shape.L,
+               floor_ms=floor_seconds(case, bw, rate) * 1e3)
+    calls["ours_chain"](0)
+    torch.cuda.synchronize()
+    ref = out_chain.clone()
+    for name, peer in peers.items():
+        try:
+            run = peer.bind(q, kv, qo, kvp, kvi, scale)
+            got = run()
+            torch.cuda.synchronize()
+        except Exception as exc:  # a peer that refuses a shape is reported, not fatal
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        row[f"{name}_rel_l2"] = rel_l2(got, ref)
+        if row[f"{name}_rel_l2"] > 1e-2:
+            row[f"{name}_error"] = f"disagrees with ours on the chain: rel-L2 {row[f'{name}_rel_l2']:.3g}"
+            continue
+        calls[name] = lambda r, run=run: run()
+    for fn in calls.values():
+        fn(0)
+    gpu, host = time_interleaved(calls, {n: reps for n in calls}, flush=flush, lead=lead)
+    for name, ts in gpu.items():
+        row[f"{name}_ms"] = statistics.median(ts) * 1e3
+        row[f"{name}_spread"] = [min(ts) * 1e3, max(ts) * 1e3]
+        row[f"{name}_host_us"] = statistics.median(host[name]) * 1e6
+        row[f"{name}_roofline"] = row["floor_ms"] / row[f"{name}_ms"]
+    for name in peers:
+        if f"{name}_ms" in row:
+            row[f"{name}_over_ours_tree"] = row[f"{name}_ms"] / row["ours_tree_ms"]
+    return row
+
+
+def markdown(rows: list[dict], facts: dict) -> str:
+    head = ("| shape | floor ms | ours tree ms | ours chain ms | FA2 chain ms | FA3 chain ms "
+            "| FA2/ours | FA3/ours | ours roofline | FA2 roofline |")
+    lines = [f"Machine: {facts['device']}, torch {facts['torch']}, flashinfer {facts['flashinfer']}, "
+             f"copy {facts['bw']/1e12:.3f} TB/s, bf16 mm {facts['rate']/1e12:.0f} TFLOP/s; {facts['argv']}",
+             "", head, "|" + "---|" * 10]
+    f = lambda r, k, fmt="{:.3f}": fmt.format(r[k]) if k in r else r.get(k.replace("_ms", "_error"), "-")[:40]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['floor_ms']:.3f} | {f(r,'ours_tree_ms')} | {f(r,'ours_chain_ms')} "
+                     f"| {f(r,'fa2_ms')} | {f(r,'fa3_ms')} | {f(r,'fa2_over_ours_tree','{:.2f}')} "
+                     f"| {f(r,'fa3_over_ours_tree','{:.2f}')} | {f(r,'ours_tree_roofline','{:.3f}')} "
+                     f"| {f(r,'fa2_roofline','{:.3f}')} |")
+    ratios = [r["fa2_over_ours_tree"] for r in rows if "fa2_over_ours_tree" in r]
+    if ratios:
+        lines += ["", f"FA2 time / ours (tree): median {statistics.median(ratios):.3f}, min {min(ratios):.3f}, "
+                      f"max {max(ratios):.3f} over {len(ratios)} shapes"]
+    ratios3 = [r["fa3_over_ours_tree"] for r in rows if "fa3_over_ours_tree" in r]
+    if ratios3:
+        lines.append(f"FA3 time / ours (tree): median {statistics.median(ratios3):.3f}, min {min(ratios3):.3f}")
+    roof = [r["ours_tree_roofline"] for r in rows if "ours_tree_roofline" in r]
+    lines.append(f"ours roofline fraction: median {statistics.median(roof):.3f}, min {min(roof):.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", choices=("issue", "grid", "quick"), default="issue")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--pool-gb", type=float, default=8.0)
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--backends", default=",".join(flashinfer_peer.BACKENDS),
+                    help="comma-separated FlashInfer backends to time (fa2,fa3)")
+    ap.add_argument("--tag", default="", help="suffix of the output files (e.g. sm120smem)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    peers = {}
+    for name in [b for b in args.backends.split(",") if b]:
+        reason = flashinfer_peer.unavailable_reason(name)
+        if reason:
+            print(f"{name}: unavailable: {reason}", flush=True)
+            continue
+        t0 = time.time()
+        peers[name] = flashinfer_peer.FlashInferMLA(name)
+        print(f"{name}: loaded in {time.time() - t0:.1f}s", flush=True)
+    bw, rate = measure_ceilings()
+    pool = make_pool(args.pool_gb)
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush, lead = l2_flush(scratch), busy_wait()
+    facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                 flashinfer=flashinfer_peer.version() + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
+                 argv=" ".join(["scripts/peers_bench.py"] + (argv or sys.argv[1:])))
+    rows, started = [], time.time()
+    for i, shape in enumerate(shapes_for(args.shapes)):
+        if time.time() - started > args.budget_s:
+            print(f"budget of {args.budget_s}s spent: stopping before {shape.label}", flush=True)
+            break
+        t0 = time.time()
+        row = measure(shape, pool, peers, bw, rate, flush, lead, args.reps, seed=1000 + i)
+        rows.append(row)
+        print(f"{shape.label}: " + ", ".join(f"{k}={row[k]:.3f}" for k in row if k.endswith("_ms"))
+              + "".join(f" [{k}: {row[k]}]" for k in row if k.endswith("_error"))
+              + f" ({time.time() - t0:.1f}s)", flush=True)
+    stem = f"peers_{args.shapes}" + (f"_{args.tag}" if args.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps(dict(facts=facts, rows=rows), indent=1))
+    (out / f"{stem}.md").write_text(markdown(rows, facts))
+    print(markdown(rows, facts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
