@@ -21,6 +21,7 @@ from kdtree.orchestrator.gitinfo import git_info
 from kdtree.orchestrator.inputs import InputsIndex
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.specs import DeviceInfo, RunRecord, Versions, state_of
 from kdtree.orchestrator.state import blockers, describe_blockers, plan_status
 from kdtree.orchestrator.store import ResultStore, new_run_id
@@ -60,12 +61,15 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
               machine: Optional[tuple[DeviceInfo, Versions]] = None) -> RunRecord:
     """Run ``phase_id``'s gates (or the ``gates`` subset) and store the run; return its record.
 
-    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``.
+    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``, and
+    when the environment would import the plan's code from outside the repository
+    (`kdtree.orchestrator.sources`).
     ``machine`` overrides the gathered device facts (for tests). See the module docstring for
     what happens on interruption.
     """
     reporter = reporter or SilentReporter()
     phase = plan.phase(phase_id)
+    require_own_sources(plan.root, [p.module for p in plan.phases])
     selected = select_gates(plan, phase_id, gates)
     store = ResultStore(plan.results_path)
     statuses = plan_status(plan, store)
