@@ -62,6 +62,14 @@ class ResultStore:
         atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
         return path
 
+    def rewrite(self, record: RunRecord) -> Path:
+        """Replace an existing record atomically (a checkpoint filling in its commit)."""
+        path = self.path_of(record)
+        if not path.exists():
+            raise Refusal(f"run {record.run_id} of {record.phase} has no record at {path} to update")
+        atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+        return path
+
     def records(self, phase: str) -> list[RunRecord]:
         """Every run of ``phase``, oldest first. A damaged record is an error naming its file."""
         folder = self.phase_dir(phase)

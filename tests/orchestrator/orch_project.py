@@ -180,7 +180,7 @@ phases = ["{pkg}.p1", "{pkg}.p2"]
     proj.write(f"{pkg}/p2.py", PHASE_TEMPLATE.format(pid="p2", title="beta", extra="", extra_checks=""))
     proj.write("src/p1/code.py", "x = 1\n")
     proj.write("src/p2/code.py", "y = 2\n")
-    proj.write(".gitignore", "*.tmp\n__pycache__/\nsrc/p1/cache/\n")
+    proj.write(".gitignore", "*.tmp\n__pycache__/\nsrc/p1/cache/\nknobs.json\n")  # knobs: test machinery
     proj.write("plans/plan.md", PLAN_MD)
     proj.write("CHANGELOG.md", CHANGELOG)
     proj.knobs()

@@ -108,7 +108,7 @@ def test_refuses_outside_a_git_repository(project, tmp_path):
     copy = type(project)(bare, project.pkg)
     copy.cli("run", "p1", "--device", "cpu")  # a copied tree (a GPU host) can still run
     rec = json.loads(copy.records("p1")[0].read_text())
-    assert rec["git"] == {"sha": None, "dirty": None, "branch": None}
+    assert rec["git"] == {"sha": None, "dirty": None, "branch": None, "head": None, "sha_source": None}
     res = copy.cli("checkpoint", expect=2)
     assert "not a git repository" in res.stderr
 
