@@ -17,10 +17,22 @@ STYLE = {"passed": "green", "failed": "red", "error": "bold red", "not-implement
          "met": "green", "not met": "yellow", "not measured": "dim"}
 
 
-def console(stderr: bool = False):
+def console(stderr: bool = False, keep_going: bool = False):
+    """A rich console. When its reader goes away (``| head``), later output is discarded and a
+    listing ends with BrokenPipeError (the CLI exits 141), or, with ``keep_going`` (a run's live
+    display), the command goes on silently. Rich's own default would exit 1 ("not passed")."""
     from rich.console import Console  # noqa: PLC0415
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    from kdtree.orchestrator.terminal import silence_stdout  # noqa: PLC0415
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            silence_stdout(err=stderr)
+            self.quiet = True
+            if not keep_going:
+                raise BrokenPipeError("the output pipe was closed")
+
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def _styled(word: str, width: int = 0) -> str:
@@ -127,7 +139,7 @@ class RichReporter:
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-        self.console = console()
+        self.console = console(keep_going=True)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  TimeElapsedColumn(), console=self.console, transient=True)
         self.task: Optional[int] = None

@@ -41,11 +41,16 @@ def deciding_run(records: list[RunRecord]) -> Optional[RunRecord]:
 
 
 def latest_by_device(records: list[RunRecord]) -> list[RunRecord]:
-    """The newest full run on each device (by its label), newest first."""
+    """The newest full run on each device (by its label), newest first, and the deciding run
+    too when an incomplete newer run on its own device hides it."""
     newest: dict[str, RunRecord] = {}
     for r in full_runs(records):
         newest[r.device.label] = r
-    return sorted(newest.values(), key=lambda r: (r.started_at, r.run_id), reverse=True)
+    rows = list(newest.values())
+    decider = deciding_run(records)
+    if decider is not None and all(r.run_id != decider.run_id for r in rows):
+        rows.append(decider)
+    return sorted(rows, key=lambda r: (r.started_at, r.run_id), reverse=True)
 
 
 def complete_peer(record: RunRecord, records: list[RunRecord]) -> Optional[RunRecord]:
