@@ -59,7 +59,7 @@ SPEC = PhaseSpec(
             targets=[
                 Target(figure="fa2_min_speedup", op=">=", value=1.0, unit="x", note=FA2 + ", every config"),
                 Target(figure="fa2_median_speedup", op=">=", value=1.25, unit="x", note=FA2 + ", median"),
-                Target(figure="median_roofline", op=">=", value=0.36, note="floor / time, median (issue 15)"),
+                Target(figure="median_roofline", op=">=", value=0.36, note="fraction of the roofline floor reached, median"),
                 Target(figure="median_speedup", op=">=", value=20.0, unit="x", note="the threshold until issue 15, kept as a target"),
                 Target(figure="min_speedup", op=">=", value=5.0, unit="x", note="the threshold until issue 15, kept as a target"),
                 Target(figure="median_roofline", op=">=", value=0.5, note="the threshold until issue 15, kept as a target"),
