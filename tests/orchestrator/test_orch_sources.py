@@ -88,3 +88,15 @@ def test_repo_option_accepts_a_tree_outside_any_repository(tmp_path):
 
     root = resolve_root(str(tmp_path))
     assert root.path == tmp_path.resolve() and root.is_git is False
+
+
+def test_status_warns_and_checkpoint_refuses_while_sources_are_foreign(project):
+    project.cli("run", "p1", "--device", "cpu")
+    py = project.root / "pyproject.toml"
+    py.write_text(py.read_text() + _GATES_OF_ITS_OWN)
+    project.write("gates/__init__.py", "")
+    project.commit_all("own gates")
+    res = project.cli("status")
+    assert "warning: kdtree.gates would be imported from" in res.stderr
+    res = project.cli("checkpoint", expect=2)
+    assert "kdtree.gates would be imported from" in res.stderr
