@@ -22,13 +22,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Target(_Strict):
+    """A figure the phase aims for beyond its thresholds ("best in the field"): ``figure op value``.
+
+    Evaluated on the gate's recorded figures after it runs and recorded as met / not met / not
+    measured with the margin. A target never changes the gate's outcome or the phase's state, and
+    is not part of the spec hash: changing one makes no phase stale.
+    """
+
+    figure: str
+    op: Comparator
+    value: float
+    unit: str = ""
+    note: str = ""  # what it compares with, e.g. "vs FlashInfer FA2 MLA, chain mask"
+
+
 class GateSpecBase(_Strict):
-    """What every gate has: a name unique in its phase, a description and its requirements."""
+    """What every gate has: a name unique in its phase, a description, its requirements, its targets."""
 
     kind: str
     name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
     description: str = ""
     requires: list[str] = Field(default_factory=list)
+    targets: list[Target] = Field(default_factory=list)
 
 
 class BuildGateSpec(GateSpecBase):
@@ -156,6 +172,10 @@ class PhaseSpec(_Strict):
         raise KeyError(f"phase {self.id} has no gate {name!r}; it has {[g.name for g in self.gates]}")
 
     def spec_hash(self) -> str:
-        """Hash of the whole spec, thresholds included: a changed threshold makes the phase stale."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """Hash of the spec, thresholds included: a changed threshold makes the phase stale.
+
+        Targets are left out: they never decide a state, so changing one makes nothing stale.
+        """
+        blob = json.dumps(self.model_dump(mode="json", exclude={"gates": {"__all__": {"targets"}}}),
+                          sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,12 +1,20 @@
-"""Checkpoints: re-render the plan, log what newly passed, and (``--commit``) commit the tree.
+"""Checkpoints: re-render the plan, log what newly passed, and (``--commit``) commit the run.
 
-A checkpoint reports one run: the latest full run of ``--phase``, or else of the phase run most
+A checkpoint reports one run: the newest full run of ``--phase``, or else of the phase run most
 recently. It refuses when that run is stale against the working tree (the commit must hold the
-code the gates ran on), outside a git repository, and in the middle of a merge, rebase,
-cherry-pick or revert. A detached HEAD is allowed and reported.
+code the gates ran on), when it skipped gates that a complete run of the same code ran (the
+complete run keeps deciding the phase's state; ``--allow-incomplete`` checkpoints it anyway),
+outside a git repository, when the environment would import the plan's code from elsewhere,
+and in the middle of a merge, rebase, cherry-pick or revert. A detached HEAD is allowed and
+reported.
 
-The commit stages the whole working tree (``git add -A``, .gitignore respected, the run lock
-excluded) and runs the repository's hooks. Its message::
+When the reported run names no commit (its machine's HEAD did not hold the files it ran), the
+checkpoint looks through HEAD's recent history for the commit whose tree has the run's inputs
+hash and fills it into the record (`kdtree.orchestrator.provenance`).
+
+The commit holds only what `kdtree.orchestrator.commitset` allows (the plan, the run records,
+the changelog, the phase's input files; untracked files only with ``--include-untracked``) and
+runs the repository's hooks. Its message::
 
     checkpoint: phase1 kernel passed (7/7 gates)
 
@@ -27,14 +35,20 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kdtree.orchestrator.changelog import update_changelog
+from kdtree.orchestrator.commitset import select, stage, working_tree_changes
 from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.evidence import complete_peer, skipped
 from kdtree.orchestrator.gitinfo import in_progress_operation, open_repo
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.provenance import find_commit
 from kdtree.orchestrator.render import write_plan
+from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.specs import PhaseState, RunRecord
-from kdtree.orchestrator.state import PhaseStatus, plan_status
+from kdtree.orchestrator.state import PhaseStatus, plan_status, stale_reasons
+from kdtree.orchestrator.store import ResultStore
 from kdtree.orchestrator.views import gate_line
+
 
 @dataclass
 class CheckpointResult:
@@ -49,9 +63,12 @@ class CheckpointResult:
     files: list[str] = field(default_factory=list)  # "M\tpath" rows of the commit
     detached: bool = False
     nothing_to_commit: bool = False
+    filled_commit: Optional[str] = None  # the commit filled into the run's record
+    left_out: list[str] = field(default_factory=list)  # untracked files not committed
 
 
-def commit_message(title: str, record: RunRecord, note: Optional[str] = None) -> str:
+def commit_message(title: str, record: RunRecord, note: Optional[str] = None,
+                   decider: Optional[RunRecord] = None) -> str:
     """The checkpoint commit message: subject, optional note, one line per gate, trailers."""
     n, total = record.passed_count, len(record.results)
     counts = f"{n}/{total} gates" if record.state is PhaseState.PASSED else f"{n}/{total} gates passed"
@@ -61,6 +78,9 @@ def commit_message(title: str, record: RunRecord, note: Optional[str] = None) ->
         parts.append(note.strip())
     if record.forced:
         parts.append(f"Forced past {', '.join(record.forced_over)}, which were not passed-and-fresh.")
+    if decider is not None and decider.run_id != record.run_id:
+        parts.append(f"This run skipped {skipped(record)} gate(s); the phase's state stays decided by "
+                     f"run {decider.run_id} ({decider.device.label}): {decider.state.value}.")
     parts.append("\n".join(gate_line(r) for r in record.results))
     gates = ", ".join(f"{r.gate}={r.outcome.value}" for r in record.results)
     parts.append(f"Run: {record.run_id}\nPhase: {record.phase}\nGates: {gates}\n"
@@ -72,49 +92,86 @@ def _reported(statuses: list[PhaseStatus], phase_id: Optional[str], plan: Plan) 
     if phase_id is not None:
         plan.phase(phase_id)  # a Refusal for an unknown phase
         st = next(s for s in statuses if s.phase.id == phase_id)
-        if st.record is None:
+        if st.newest is None:
             raise Refusal(f"{phase_id} has no full run to checkpoint; run `orchestrate run {phase_id}` first")
         return st
-    ran = [s for s in statuses if s.record is not None]
+    ran = [s for s in statuses if s.newest is not None]
     if not ran:
         raise Refusal("no phase has a full run to checkpoint; run `orchestrate run PHASE` first")
-    return max(ran, key=lambda s: (s.record.ended_at, s.record.run_id))
+    return max(ran, key=lambda s: (s.newest.ended_at, s.newest.run_id))
+
+
+def _fill_commit(plan: Plan, store: ResultStore, st: PhaseStatus, rec: RunRecord) -> Optional[str]:
+    """Fill in the commit of a record that names none, when the history holds its inputs."""
+    if rec.git.sha is not None:
+        return None
+    found = find_commit(plan.root, list(st.phase.spec.inputs), rec.inputs_hash)
+    if found is None:
+        return None
+    git = rec.git.model_copy(update={"sha": found, "sha_source": "checkpoint"})
+    store.rewrite(rec.model_copy(update={"git": git}))
+    return found
+
+
+def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: bool):
+    results_dir = plan.spec.results_dir.rstrip("/")
+    plots = [p for r in rec.results for p in (r.details.get("plots") or [])
+             if isinstance(r.details, dict) and isinstance(p, str)]
+    return select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
+                  changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
+                  lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
+                  plots=plots, include_untracked=include_untracked)
 
 
 def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = False,
-               note: Optional[str] = None) -> CheckpointResult:
+               note: Optional[str] = None, include_untracked: bool = False,
+               allow_incomplete: bool = False) -> CheckpointResult:
     """Run a checkpoint (see module docstring). The caller holds the run lock."""
     if not plan.is_git:
         raise Refusal(f"{plan.root} is not a git repository; a checkpoint needs one")
+    require_own_sources(plan.root, [p.module for p in plan.phases])
     repo = open_repo(plan.root)
     op = in_progress_operation(repo)
     if op:
         raise Refusal(f"the repository is in the middle of {op}; finish or abort it, then checkpoint")
-    statuses = plan_status(plan)
+    store = ResultStore(plan.results_path)
+    statuses = plan_status(plan, store)
     st = _reported(statuses, phase_id, plan)
-    rec = st.record
-    if st.stale_reasons:
+    rec = st.newest
+    reasons = stale_reasons(rec, st.spec_hash, st.inputs_hash)
+    if reasons:
         raise Refusal(f"run {rec.run_id} of {st.phase.id} is stale against the working tree: "
-                      + "; ".join(st.stale_reasons)
+                      + "; ".join(reasons)
                       + f". Run `orchestrate run {st.phase.id}` again so the checkpoint holds the "
                       "code its gates ran on.")
+    peer = complete_peer(rec, store.records(st.phase.id))
+    if peer is not None and not allow_incomplete:
+        raise Refusal(f"run {rec.run_id} of {st.phase.id} ({rec.device.label}) skipped "
+                      f"{skipped(rec)} gate(s), but run {peer.run_id} ({peer.device.label}) ran "
+                      f"them all on the same inputs and still decides the phase's state "
+                      f"({peer.state.value}). Pass --allow-incomplete to checkpoint the incomplete "
+                      f"run anyway, or delete {store.path_of(rec)}")
+    if commit:
+        _commit_set(plan, st, rec, include_untracked)  # refuses before anything is written
 
-    plan_changed = write_plan(plan)
+    filled = _fill_commit(plan, store, st, rec)
+    if filled:
+        statuses = plan_status(plan, store)
+        st = next(s for s in statuses if s.phase.id == st.phase.id)
+        rec = st.newest
+    plan_changed = write_plan(plan, store)
     newly = [(s.phase.spec.title, s.record) for s in statuses if s.state is PhaseState.PASSED]
     lines = update_changelog(plan.changelog_path, newly)
-    message = commit_message(st.phase.spec.title, rec, note)
+    message = commit_message(st.phase.spec.title, rec, note, decider=st.record)
     result = CheckpointResult(phase=st.phase.id, run_id=rec.run_id, plan_changed=plan_changed,
                               changelog_lines=lines, message=message,
-                              detached=repo.head.is_detached)
+                              detached=repo.head.is_detached, filled_commit=filled)
     if not commit:
         return result
 
-    lock_rel = f"{plan.spec.results_dir}/{LOCK_NAME}"
-    repo.git.add("-A", "--", ".")
-    if repo.head.is_valid() and repo.git.diff("--cached", "--name-only", "--", lock_rel).strip():
-        repo.git.reset("-q", "--", lock_rel)  # the run lock is never part of a checkpoint
-    elif not repo.head.is_valid() and repo.git.ls_files("--cached", "--", lock_rel).strip():
-        repo.git.rm("-q", "--cached", "--", lock_rel)
+    chosen = _commit_set(plan, st, rec, include_untracked)
+    result.left_out = chosen.left_out
+    stage(plan.root, chosen.to_add)
     has_head = repo.head.is_valid()
     staged = repo.git.diff("--cached", "--name-only") if has_head else repo.git.ls_files("--cached")
     if not staged.strip():

@@ -1,9 +1,10 @@
 """``orchestrate``: run a plan's phases through their gates, record runs, render the plan, checkpoint.
 
-Every command works on the git repository holding the current directory (or ``--repo PATH``).
-Exit codes: 0 done / passed; 1 a phase ran and did not pass (failed, error), or ``plan --check``
-found the plan out of date; 3 a phase ran and is incomplete (gates skipped); 2 refused (usage,
-order, stale run, bad spec, ...: the message says what to do); 130 interrupted (nothing recorded).
+Every command works on the git repository holding the current directory (or ``--repo ROOT``).
+Exit codes: see `EXIT_CODES` (also in ``orchestrate --help``). A closed output pipe
+(``orchestrate ... | head``) never gives a traceback: ``run`` keeps going with its output
+discarded (the run is still recorded and the plan rendered); a listing that cannot be written
+ends with 141.
 """
 
 from __future__ import annotations
@@ -15,8 +16,20 @@ from typing import Optional
 import click
 
 from kdtree.orchestrator.errors import Refusal, RunInterrupted
+from kdtree.orchestrator.terminal import silence_stdout
 
-EXIT_NOT_PASSED, EXIT_REFUSED, EXIT_INCOMPLETE = 1, 2, 3
+EXIT_NOT_PASSED, EXIT_REFUSED, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
+
+EXIT_CODES = """\b
+Exit codes:
+  0    passed / done
+  1    a phase ran and did not pass (failed, error), or `plan --check`
+       found the plan out of date
+  2    refused: usage, plan order, stale run, bad spec, foreign sources, ...
+       (the message says what to do); nothing was run
+  3    a phase ran and is incomplete (gates skipped, e.g. no GPU here)
+  130  interrupted (Ctrl-C); nothing was recorded
+  141  the output pipe was closed (e.g. `orchestrate history phase1 | head`)"""
 
 
 class Ctx:
@@ -42,20 +55,35 @@ class Ctx:
         return RunLock(self.plan.results_path / LOCK_NAME, warn=lambda m: click.echo(m, err=True))
 
 
+def say(message: str = "", err: bool = False) -> None:
+    """``click.echo`` that survives a closed pipe: later output goes nowhere, the command goes on."""
+    try:
+        click.echo(message, err=err)
+    except BrokenPipeError:
+        silence_stdout(err=err)
+
+
 class _Group(click.Group):
-    """Turns refusals and interruptions into a message on stderr and their exit code."""
+    """Turns refusals, Ctrl-C and a closed output pipe into a message on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except (Refusal, RunInterrupted) as exc:
-            click.echo(f"error: {exc}", err=True)
+            say(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            say("error: interrupted (Ctrl-C)", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            silence_stdout()
+            ctx.exit(EXIT_PIPE)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--repo", metavar="PATH", default=None,
-              help="Work on the repository at PATH instead of the one holding the current directory.")
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
+@click.option("--repo", metavar="ROOT", default=None,
+              help="Work on the repository whose root is ROOT (a folder with its own .git, or a "
+                   "copied tree outside any repository) instead of the one holding the current directory.")
 @click.pass_context
 def cli(ctx: click.Context, repo: Optional[str]) -> None:
     """Plan-driven phases with gated validation (see `orchestrate COMMAND --help`)."""
@@ -70,8 +98,10 @@ def status(obj: Ctx, as_json: bool) -> None:
     from kdtree.orchestrator.state import plan_status  # noqa: PLC0415
 
     plan = obj.plan
+    _warn_foreign_sources(plan)
     statuses = plan_status(plan)
     if as_json:
+        from kdtree.orchestrator.evidence import skipped  # noqa: PLC0415
         from kdtree.orchestrator.views import run_json  # noqa: PLC0415
 
         click.echo(json.dumps({
@@ -81,7 +111,13 @@ def status(obj: Ctx, as_json: bool) -> None:
                 "passed_and_fresh": st.passed_and_fresh, "stale_reasons": st.stale_reasons,
                 "spec_hash": st.spec_hash, "inputs_hash": st.inputs_hash,
                 "gates": [g.name for g in st.phase.spec.gates],
-                "last_run": run_json(st.record), "newer_partial_run": run_json(st.partial),
+                "last_run": run_json(st.record, st.phase.spec),
+                "newest_full_run": run_json(st.newest, st.phase.spec),
+                "latest_by_device": [{"device": r.device.label, "run_id": r.run_id,
+                                      "state": r.state.value, "skipped": skipped(r),
+                                      "decides": st.record is not None and r.run_id == st.record.run_id}
+                                     for r in st.by_device],
+                "newer_partial_run": run_json(st.partial, st.phase.spec),
             } for st in statuses]}, indent=2))
         return
     from kdtree.orchestrator.display import print_status  # noqa: PLC0415
@@ -95,15 +131,30 @@ def _exit_code_of(state) -> int:
     return {PhaseState.PASSED: 0, PhaseState.INCOMPLETE: EXIT_INCOMPLETE}.get(state, EXIT_NOT_PASSED)
 
 
-def _check_plan_markers(plan) -> None:
-    """Refuse before any gate runs if the plan markdown's blocks are damaged."""
+def _warn_foreign_sources(plan) -> None:
+    from kdtree.orchestrator.sources import foreign_sources  # noqa: PLC0415
+
+    for problem in foreign_sources(plan.root, [p.module for p in plan.phases]):
+        say(f"warning: {problem}; `run` and `checkpoint` refuse until then", err=True)
+
+
+def _check_plan_markdown(plan) -> None:
+    """Refuse before any gate runs if the plan markdown is missing or its blocks are damaged."""
     from kdtree.orchestrator.markers import check_names, find_blocks  # noqa: PLC0415
+    from kdtree.orchestrator.plan import DEFAULT_PLAN  # noqa: PLC0415
     from kdtree.orchestrator.render import block_names  # noqa: PLC0415
 
-    if plan.markdown_path.exists():
-        with open(plan.markdown_path, encoding="utf-8", newline="") as fh:
-            blocks = find_blocks(fh.read(), plan.spec.markdown)
-        check_names(blocks, block_names(plan), plan.spec.markdown)
+    if not plan.markdown_path.is_file():
+        where = ("the default plan's `markdown`" if plan.spec is DEFAULT_PLAN
+                 else "`markdown` in [tool.orchestrate] of pyproject.toml")
+        blocks = ", ".join(block_names(plan))
+        raise Refusal(f"the plan markdown {plan.spec.markdown} ({where}) does not exist in "
+                      f"{plan.root}; fix the path, or create the file with the blocks {blocks} "
+                      "(`<!-- orchestrate:begin NAME -->` / `<!-- orchestrate:end NAME -->`). "
+                      "No gate was run")
+    with open(plan.markdown_path, encoding="utf-8", newline="") as fh:
+        found = find_blocks(fh.read(), plan.spec.markdown)
+    check_names(found, block_names(plan), plan.spec.markdown)
 
 
 def _render_after_run(plan, record) -> None:
@@ -111,28 +162,33 @@ def _render_after_run(plan, record) -> None:
     from kdtree.orchestrator.render import write_plan  # noqa: PLC0415
 
     if not plan.markdown_path.exists():
-        click.echo(f"warning: the plan markdown {plan.spec.markdown} does not exist; not rendered", err=True)
+        say(f"warning: the plan markdown {plan.spec.markdown} was removed during the run; not rendered", err=True)
         return
     try:
         changed = write_plan(plan)
     except MarkerError as exc:
         raise Refusal(f"run {record.run_id} was recorded, but the plan was not rendered: {exc}") from None
     if changed:
-        click.echo(f"rendered {plan.spec.markdown}")
+        say(f"rendered {plan.spec.markdown}")
 
 
 def _print_checkpoint(res) -> None:
+    if res.filled_commit:
+        say(f"run {res.run_id}: filled in commit {res.filled_commit[:12]}, whose tree holds the "
+            "inputs it ran")
     if res.plan_changed:
-        click.echo("rendered the plan markdown")
+        say("rendered the plan markdown")
     for line in res.changelog_lines:
-        click.echo(f"changelog: {line.rstrip()}")
+        say(f"changelog: {line.rstrip()}")
     if res.nothing_to_commit:
-        click.echo("nothing to commit: the working tree matches HEAD")
+        say("nothing to commit: the working tree matches HEAD")
     elif res.commit_sha:
-        click.echo(f"committed {res.commit_sha[:12]}: {res.message.splitlines()[0]}"
-                   + (" (HEAD is detached: the commit is on no branch)" if res.detached else ""))
+        say(f"committed {res.commit_sha[:12]}: {res.message.splitlines()[0]}"
+            + (" (HEAD is detached: the commit is on no branch)" if res.detached else ""))
         for row in res.files:
-            click.echo(f"  {row}")
+            say(f"  {row}")
+    if res.left_out:
+        say("not committed (untracked; pass --include-untracked to add them): " + ", ".join(res.left_out))
 
 
 @cli.command()
@@ -160,7 +216,7 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
         raise Refusal("--commit needs a full run: a checkpoint reports the phase's latest full run; "
                       "drop --gate, or run `orchestrate checkpoint --commit` later")
     plan = obj.plan
-    _check_plan_markers(plan)
+    _check_plan_markdown(plan)
     with obj.lock():
         if phase is not None:
             plan.phase(phase)
@@ -170,7 +226,7 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
             todo = [st.phase.id for st in statuses]
             first = next((i for i, st in enumerate(statuses) if not st.passed_and_fresh), None)
             if first is None:
-                click.echo("every phase is passed and fresh; nothing to run")
+                say("every phase is passed and fresh; nothing to run")
                 return
             todo = todo[first:]
         code = 0
@@ -182,11 +238,11 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
             finally:
                 reporter.close()
             what = "partial run" if record.partial else "run"
-            click.echo(f"{phase_id}: {record.state.value} ({record.passed_count}/{len(record.results)} "
-                       f"gates passed); {what} {record.run_id} recorded"
-                       + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
+            say(f"{phase_id}: {record.state.value} ({record.passed_count}/{len(record.results)} "
+                f"gates passed); {what} {record.run_id} recorded"
+                + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
             if record.inputs_changed_during_run:
-                click.echo(f"warning: {phase_id}'s input files changed during the run; it is stale", err=True)
+                say(f"warning: {phase_id}'s input files changed during the run; it is stale", err=True)
             _render_after_run(plan, record)
             if commit:
                 from kdtree.orchestrator.checkpoint import checkpoint  # noqa: PLC0415
@@ -195,7 +251,7 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
             code = _exit_code_of(record.state)
             if code != 0 and not record.partial:
                 if phase is None and phase_id != todo[-1]:
-                    click.echo(f"stopping: {phase_id} did not pass")
+                    say(f"stopping: {phase_id} did not pass")
                 break
     sys.exit(code)
 
@@ -204,17 +260,28 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
 @click.option("--phase", default=None, help="The phase whose latest full run to report (default: the one run last).")
 @click.option("--commit", is_flag=True, help="Commit the working tree with the gate summary and trailers.")
 @click.option("-m", "--message", default=None, help="A paragraph to add below the generated subject.")
+@click.option("--include-untracked", is_flag=True,
+              help="Also commit untracked files (listed otherwise; untracked inputs of the run are refused without it).")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Checkpoint a run that skipped gates although a complete run of the same inputs exists.")
 @click.pass_obj
-def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str]) -> None:
-    """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit."""
+def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str],
+               include_untracked: bool, allow_incomplete: bool) -> None:
+    """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit.
+
+    The commit holds the plan, the run records, the changelog and the phase's changed input
+    files, nothing else: other modified tracked files are refused, untracked files are listed
+    and added only with --include-untracked.
+    """
     from kdtree.orchestrator.checkpoint import checkpoint as do_checkpoint  # noqa: PLC0415
 
     plan = obj.plan
     with obj.lock():
-        res = do_checkpoint(plan, phase, commit=commit, note=message)
+        res = do_checkpoint(plan, phase, commit=commit, note=message,
+                            include_untracked=include_untracked, allow_incomplete=allow_incomplete)
     _print_checkpoint(res)
     if not commit:
-        click.echo(f"checkpoint of {res.phase} (run {res.run_id}) prepared; pass --commit to commit it")
+        say(f"checkpoint of {res.phase} (run {res.run_id}) prepared; pass --commit to commit it")
 
 
 @cli.command()
@@ -226,16 +293,16 @@ def history(obj: Ctx, phase: str, as_json: bool) -> None:
     from kdtree.orchestrator.store import ResultStore  # noqa: PLC0415
 
     plan = obj.plan
-    plan.phase(phase)
+    spec = plan.phase(phase).spec
     records = ResultStore(plan.results_path).records(phase)
     if as_json:
         from kdtree.orchestrator.views import run_json  # noqa: PLC0415
 
-        click.echo(json.dumps([run_json(r) for r in records], indent=2))
+        click.echo(json.dumps([run_json(r, spec) for r in records], indent=2))
         return
     from kdtree.orchestrator.display import print_history  # noqa: PLC0415
 
-    print_history(phase, records)
+    print_history(phase, records, spec)
 
 
 @cli.command()
@@ -250,20 +317,30 @@ def plan(obj: Ctx, check: bool) -> None:
     if check:
         current, new = rendered_plan(p)
         if current == new:
-            click.echo(f"{p.spec.markdown} is up to date")
+            say(f"{p.spec.markdown} is up to date")
             return
         old_lines, new_lines = split_lines(current), split_lines(new)
         old_b = {b.name: old_lines[b.begin:b.end] for b in find_blocks(current)}
         new_b = {b.name: new_lines[b.begin:b.end] for b in find_blocks(new)}
         stale = [n for n in new_b if old_b.get(n) != new_b[n]]
-        click.echo(f"{p.spec.markdown} is out of date with the recorded runs (blocks: {', '.join(stale)}); "
-                   "run `orchestrate plan` to re-render it", err=True)
+        say(f"{p.spec.markdown} is out of date with the recorded runs (blocks: {', '.join(stale)}); "
+            "run `orchestrate plan` to re-render it", err=True)
         sys.exit(EXIT_NOT_PASSED)
     with obj.lock():
         changed = write_plan(p)
-    click.echo(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
+    say(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point (``orchestrate``, ``python -m kdtree.orchestrator``)."""
-    cli.main(args=argv, prog_name="orchestrate")
+    try:
+        try:
+            cli.main(args=argv, prog_name="orchestrate")
+        except KeyboardInterrupt:  # between click's handlers, e.g. while parsing
+            say("error: interrupted (Ctrl-C)", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be caught
+    except BrokenPipeError:
+        silence_stdout()
+        sys.exit(EXIT_PIPE)

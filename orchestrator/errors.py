@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class Refusal(Exception):
     """The orchestrator will not do what was asked; the message says why and what to do. Exit 2."""
@@ -14,11 +16,12 @@ class PlanLoadError(Refusal):
 
 
 class RunInterrupted(Exception):
-    """A run stopped by Ctrl-C (or SystemExit) inside a gate; nothing was recorded. Exit 130."""
+    """A run stopped by Ctrl-C (or SystemExit) before or inside a gate; nothing was recorded. Exit 130."""
 
     exit_code = 130
 
-    def __init__(self, phase: str, gate: str):
-        super().__init__(f"run of {phase} interrupted during gate {gate!r}; nothing was recorded, "
+    def __init__(self, phase: str, gate: Optional[str]):
+        where = f"during gate {gate!r}" if gate else "before its first gate"
+        super().__init__(f"run of {phase} interrupted {where}; nothing was recorded, "
                          "the previous records and the plan are unchanged")
         self.phase, self.gate = phase, gate

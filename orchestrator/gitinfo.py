@@ -19,18 +19,28 @@ def open_repo(root: Path):
         raise Refusal(f"{root} is not a git repository; run inside one or pass --repo PATH") from None
 
 
-def git_info(root: Path, is_git: bool, ignore: tuple[str, ...] = ()) -> GitInfo:
-    """HEAD's sha, whether the tree is dirty (untracked files count, ``ignore`` paths do not), and the branch."""
+def git_info(root: Path, is_git: bool, inputs: tuple[list[str], str], ignore: tuple[str, ...] = ()) -> GitInfo:
+    """The commit that holds the run's inputs, HEAD, the branch, and whether the tree is dirty.
+
+    ``inputs`` is (the phase's input globs, the inputs hash of the working tree). HEAD is named
+    as the run's commit only when its tree has that inputs hash (see `GitInfo`); untracked files
+    count as dirty, ``ignore`` paths do not.
+    """
     if not is_git:
         return GitInfo()
+    from kdtree.orchestrator.provenance import commit_inputs_hash  # noqa: PLC0415
+
     repo = open_repo(root)
     try:
-        sha: Optional[str] = repo.head.commit.hexsha
+        head: Optional[str] = repo.head.commit.hexsha
     except ValueError:  # no commit yet
-        sha = None
+        head = None
     branch = None if repo.head.is_detached else repo.active_branch.name
     dirty = repo.is_dirty(untracked_files=False) or any(f not in ignore for f in repo.untracked_files)
-    return GitInfo(sha=sha, dirty=dirty, branch=branch)
+    globs, inputs_hash = inputs
+    matches = head is not None and commit_inputs_hash(root, head, globs) == inputs_hash
+    return GitInfo(sha=head if matches else None, dirty=dirty, branch=branch, head=head,
+                   sha_source="head" if matches else None)
 
 
 def in_progress_operation(repo) -> Optional[str]:

@@ -174,8 +174,9 @@ def load_plan(root: Path, is_git: bool = True, spec: Optional[PlanSpec] = None) 
     """Load the repository's plan (or ``spec``) and every phase module it lists, in order."""
     spec = spec or read_plan_spec(root)
     root_str = str(root)
-    if root_str not in sys.path:
-        sys.path.insert(0, root_str)
+    if root_str in sys.path:
+        sys.path.remove(root_str)
+    sys.path.insert(0, root_str)  # first, so its own phase modules win over any other copy
     phases = [load_phase(m) for m in spec.phases]
     seen: dict[str, str] = {}
     for p in phases:

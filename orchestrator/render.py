@@ -1,9 +1,10 @@
 """Rendering the plan's orchestrator-owned blocks from the recorded runs (jinja2 templates).
 
-The blocks are ``status`` (one row per phase) and ``results-<phase>`` (the latest full run's
-gates, figures against thresholds, machine facts and plot links). They are a function of the
-run records and phase titles only — no clock, no working-tree state — so ``plan --check`` is
-stable; `orchestrate status` is where freshness against the working tree is shown.
+The blocks are ``status`` (one row per phase) and ``results-<phase>`` (the deciding run's gates,
+figures against thresholds, its targets met / not met with their margins, machine facts, plot
+links, and the latest full run on every device). They are a function of the run records and the
+phase specs only — no clock, no working-tree state — so ``plan --check`` is stable;
+`orchestrate status` is where freshness against the working tree is shown.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kdtree.orchestrator.evidence import deciding_run, latest_by_device, skipped, why_not_deciding
 from kdtree.orchestrator.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import MarkerError, replace_blocks
 from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.specs import RunRecord, TargetResult
 from kdtree.orchestrator.store import ResultStore
-from kdtree.orchestrator.views import key_figure_text, plots_of, when
+from kdtree.orchestrator.targets import fmt_number
+from kdtree.orchestrator.views import key_figure_text, plots_of, targets_view, when
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -39,10 +43,29 @@ def _env():
     return env
 
 
+def _target_row(t: TargetResult) -> dict[str, Any]:
+    goal = f"{t.figure} {t.op} {fmt_number(t.target)}{t.unit}" + (f" ({t.note})" if t.note else "")
+    if t.status == "not measured":
+        return {"gate": t.gate, "goal": goal, "measured": "—", "status": "not measured",
+                "margin": t.reason or ""}
+    margin = ("+" if t.margin >= 0 else "") + f"{fmt_number(t.margin)}{t.unit}"
+    if t.ratio is not None:
+        margin += f" ({t.ratio:.2f}x the target)" if t.status == "met" else f" ({t.ratio:.2f} of the target)"
+    return {"gate": t.gate, "goal": goal, "measured": f"{fmt_number(t.measured)}{t.unit}",
+            "status": t.status, "margin": margin}
+
+
+def _device_row(r: RunRecord, decider: RunRecord) -> dict[str, Any]:
+    n = skipped(r)
+    return {"device": r.device.label, "run_id": r.run_id, "when": when(r), "state": r.state.value,
+            "gates": f"{r.passed_count}/{len(r.results)}" + (f" ({n} skipped)" if n else ""),
+            "sha": r.git.short,
+            "decides": "**yes**" if r.run_id == decider.run_id else f"no: {why_not_deciding(r, decider)}"}
+
+
 def _phase_view(plan: Plan, phase, store: ResultStore) -> dict[str, Any]:
     records = store.records(phase.id)
-    full = [r for r in records if not r.partial]
-    run = full[-1] if full else None
+    run = deciding_run(records)
     partial = records[-1] if records and records[-1].partial else None
     md_dir = os.path.dirname(plan.spec.markdown)
     view: dict[str, Any] = {"id": phase.id, "title": phase.spec.title, "run": None, "partial": None}
@@ -61,6 +84,7 @@ def _phase_view(plan: Plan, phase, store: ResultStore) -> dict[str, Any]:
                       "key": key_figure_text(r), "others": "; ".join(others)})
         for p in plots_of(r):
             plots.append({"name": os.path.basename(p), "href": os.path.relpath(p, md_dir or ".")})
+    targets, targets_now = targets_view(run, phase.spec)
     v = run.versions
     view.update(
         state=run.state.value, passed=run.passed_count, total=len(run.results),
@@ -71,7 +95,8 @@ def _phase_view(plan: Plan, phase, store: ResultStore) -> dict[str, Any]:
              "versions": ", ".join(f"{k} {getattr(v, k)}" for k in
                                    ("python", "torch", "cuda", "triton", "nvcc") if getattr(v, k)),
              "inputs_hash": run.inputs_hash, "spec_hash": run.spec_hash},
-        gates=gates, plots=plots)
+        gates=gates, plots=plots, targets=[_target_row(t) for t in targets], targets_now=targets_now,
+        devices=[_device_row(r, run) for r in latest_by_device(records)])
     return view
 
 

@@ -31,17 +31,26 @@ def find_git_root(start: Path) -> Optional[Path]:
 
 
 def resolve_root(repo: Optional[str], cwd: Optional[Path] = None) -> RepoRoot:
-    """The repository for a command: ``--repo PATH`` (searched upward like ``git -C``) or the cwd's.
+    """The repository for a command: ``--repo PATH``, or the one holding the cwd (searched upward).
 
-    ``--repo`` may name a folder that is not inside a git repository (a copied working tree on a
-    GPU host): commands that need git then refuse; runs record no commit.
+    ``--repo`` names a repository's root: a folder with its own ``.git``, or a folder that is not
+    inside any git repository (a copied working tree on a GPU host: commands that need git then
+    refuse, runs record no commit). A folder inside another repository without a ``.git`` of its
+    own is refused: the command would otherwise work on the outer repository.
     """
     if repo is not None:
         path = Path(repo).expanduser()
         if not path.is_dir():
             raise Refusal(f"--repo {repo}: no such directory")
-        root = find_git_root(path)
-        return RepoRoot(root, True) if root else RepoRoot(path.resolve(), False)
+        path = path.resolve()
+        if (path / ".git").exists():
+            return RepoRoot(path, True)
+        outer = find_git_root(path.parent)
+        if outer is not None:
+            raise Refusal(f"--repo {repo}: {path} is not a repository root (it has no .git of its "
+                          f"own and lies inside the git repository {outer}); pass --repo {outer} "
+                          f"to work on that repository, or run `git init` in {path} to make it one")
+        return RepoRoot(path, False)
     here = Path.cwd() if cwd is None else cwd
     root = find_git_root(here)
     if root is None:

@@ -1,10 +1,12 @@
 """Running a phase's gates and recording the run.
 
 `run_phase` checks the plan order, gathers the machine facts, runs each gate through
-`kdtree.gates.base.run_check` and writes one `RunRecord` atomically. Interruption policy: if a
-gate is stopped by Ctrl-C (KeyboardInterrupt) or SystemExit, **nothing is written** — the
-previous records and the plan stay exactly as they were — and `RunInterrupted` is raised. A
-gate that raises any other exception is an ``error`` outcome and the run is recorded as such.
+`kdtree.gates.base.run_check`, evaluates the gates' targets (`kdtree.orchestrator.targets`) and
+writes one `RunRecord` atomically. Interruption policy: if the run is stopped by Ctrl-C
+(KeyboardInterrupt) before its first gate, or a gate is stopped by Ctrl-C or SystemExit,
+**nothing is written** — the previous records and the plan stay exactly as they were — and
+`RunInterrupted` is raised. A gate that raises any other exception is an ``error`` outcome and
+the run is recorded as such.
 
 The caller holds the run lock (`kdtree.orchestrator.lock`) and re-renders the plan afterwards.
 """
@@ -21,9 +23,11 @@ from kdtree.orchestrator.gitinfo import git_info
 from kdtree.orchestrator.inputs import InputsIndex
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.specs import DeviceInfo, RunRecord, Versions, state_of
 from kdtree.orchestrator.state import blockers, describe_blockers, plan_status
 from kdtree.orchestrator.store import ResultStore, new_run_id
+from kdtree.orchestrator.targets import evaluate_targets
 
 
 class Reporter(Protocol):
@@ -60,24 +64,30 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
               machine: Optional[tuple[DeviceInfo, Versions]] = None) -> RunRecord:
     """Run ``phase_id``'s gates (or the ``gates`` subset) and store the run; return its record.
 
-    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``.
+    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``, and
+    when the environment would import the plan's code from outside the repository
+    (`kdtree.orchestrator.sources`).
     ``machine`` overrides the gathered device facts (for tests). See the module docstring for
     what happens on interruption.
     """
     reporter = reporter or SilentReporter()
     phase = plan.phase(phase_id)
+    require_own_sources(plan.root, [p.module for p in plan.phases])
     selected = select_gates(plan, phase_id, gates)
     store = ResultStore(plan.results_path)
-    statuses = plan_status(plan, store)
-    blocking = blockers(statuses, phase_id)
-    if blocking and not force:
-        raise Refusal(describe_blockers(blocking, phase_id))
-
-    resolved = device_facts.resolve_device(device)
-    dev, vers = machine or (device_facts.device_info(resolved), device_facts.versions())
-    git = git_info(plan.root, plan.is_git, ignore=(f"{plan.spec.results_dir}/{LOCK_NAME}",))
-    globs = list(phase.spec.inputs)
-    inputs_hash, n_files = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+    try:
+        statuses = plan_status(plan, store)
+        blocking = blockers(statuses, phase_id)
+        if blocking and not force:
+            raise Refusal(describe_blockers(blocking, phase_id))
+        resolved = device_facts.resolve_device(device)
+        dev, vers = machine or (device_facts.device_info(resolved), device_facts.versions())
+        globs = list(phase.spec.inputs)
+        inputs_hash, n_files = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+        git = git_info(plan.root, plan.is_git, inputs=(globs, inputs_hash),
+                       ignore=(f"{plan.spec.results_dir}/{LOCK_NAME}",))
+    except KeyboardInterrupt:
+        raise RunInterrupted(phase_id, None) from None
     started = datetime.now(timezone.utc)
     run_id = new_run_id(started)
     artifacts = store.phase_dir(phase_id)
@@ -109,6 +119,7 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
         forced_over=[b.phase.id for b in blocking], partial=partial,
         gates_selected=selected if partial else [],
         inputs_changed_during_run=inputs_after != inputs_hash, results=results,
+        targets=evaluate_targets(phase.spec, results),
     )
     store.write(record)
     return record

@@ -5,21 +5,22 @@ importing the orchestrator) and are re-exported here. This module adds:
 
 - `PlanSpec`: which phase modules make the plan, in order, and where its markdown lives;
 - `RunRecord`: one run of one phase, as stored under ``plans/results/<phase>/<run_id>.json``,
-  with `GitInfo`, `DeviceInfo` and `Versions`, the machine facts every figure is stored with.
+  with `GitInfo`, `DeviceInfo` and `Versions`, the machine facts every figure is stored with,
+  and `TargetResult`, each gate target evaluated on the run's figures.
 """
 
 from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kdtree.gates.base import GateResult, Outcome
+from kdtree.gates.base import Comparator, GateResult, Outcome
 from kdtree.gates.spec import GateSpec, PhaseSpec  # noqa: F401 - re-exported
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: GitInfo.head / sha_source, RunRecord.targets (1 still loads)
 
 
 class _Strict(BaseModel):
@@ -85,17 +86,29 @@ def state_of(results: list[GateResult]) -> PhaseState:
 
 
 class GitInfo(_Strict):
-    """The commit the run started from; ``dirty`` when the working tree differed from it."""
+    """Which commit holds the files a run tested.
 
-    sha: Optional[str] = None  # None: not a git repository (e.g. a copied tree on a GPU host)
-    dirty: Optional[bool] = None
+    ``sha`` is a commit only when its tree holds exactly the input files the run hashed: HEAD's,
+    when HEAD's tree matched at the start of the run (``sha_source`` "head"), or the commit a
+    checkpoint found in the history for the recorded inputs hash ("checkpoint"). Otherwise it is
+    None and the run's commit is unknown (``head`` still says what HEAD was, for the record): a
+    GPU host whose copy of ``.git`` lags the files it was sent must not name the wrong commit.
+    Records written before this rule (no ``sha_source``) name HEAD and ``dirty``.
+    """
+
+    sha: Optional[str] = None  # None: unknown (see above) or not a git repository
+    dirty: Optional[bool] = None  # the working tree differed from HEAD (untracked files count)
     branch: Optional[str] = None  # None: detached HEAD or no repository
+    head: Optional[str] = None  # HEAD when the run started, whether or not its tree matched
+    sha_source: Optional[Literal["head", "checkpoint"]] = None
 
     @property
     def short(self) -> str:
+        """``1a2b3c4d5e``, ``unknown`` (HEAD's tree did not hold the inputs) or ``no-git``."""
         if self.sha is None:
-            return "no-git"
-        return self.sha[:10] + ("+dirty" if self.dirty else "")
+            return "unknown" if self.head else "no-git"
+        legacy_dirty = self.sha_source is None and self.dirty
+        return self.sha[:10] + ("+dirty" if legacy_dirty else "")
 
 
 class DeviceInfo(_Strict):
@@ -126,8 +139,26 @@ class Versions(_Strict):
     nvcc: Optional[str] = None
 
 
+class TargetResult(_Strict):
+    """One target of a gate, evaluated on the figure the gate recorded (never blocks anything)."""
+
+    gate: str
+    figure: str
+    op: Comparator
+    target: float
+    unit: str = ""
+    note: str = ""
+    status: Literal["met", "not met", "not measured"]
+    measured: Optional[float] = None
+    # How far past (+) or short of (-) the target the figure is, in the figure's unit, and the
+    # ratio measured/target (target/measured for "<=" and "<"): >= 1 when met. None: not measured.
+    margin: Optional[float] = None
+    ratio: Optional[float] = None
+    reason: Optional[str] = None  # why not measured
+
+
 class RunRecord(BaseModel):
-    """One run of one phase. Written once, atomically; never edited."""
+    """One run of one phase. Written once, atomically; a checkpoint may only fill in ``git.sha``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -150,6 +181,7 @@ class RunRecord(BaseModel):
     gates_selected: list[str] = Field(default_factory=list)
     inputs_changed_during_run: bool = False
     results: list[GateResult]
+    targets: list[TargetResult] = Field(default_factory=list)  # empty in runs before targets existed
 
     @property
     def duration_s(self) -> float:

@@ -1,11 +1,15 @@
-"""A phase's state now: its latest full run, judged against the current spec and working tree.
+"""A phase's state now: its deciding run, judged against the current spec and working tree.
 
-- ``pending``: no full run; the outcomes of the latest full run give ``passed``, ``failed``,
+The deciding run is the newest full run, except that a run which skipped gates never overrides
+one of the same code and spec that ran them (`kdtree.orchestrator.evidence`).
+
+- ``pending``: no full run; the outcomes of the deciding run give ``passed``, ``failed``,
   ``error`` or ``incomplete`` (see `kdtree.orchestrator.specs.state_of`);
 - ``stale``: that run passed (or was incomplete) but the phase's spec hash or inputs hash is no
   longer the one it saw.
 
-A partial run (``--gate``) never decides the state; it is shown beside it.
+A partial run (``--gate``) never decides the state; it is shown beside it, and so is the latest
+full run on every device.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from kdtree.orchestrator.evidence import deciding_run, full_runs, latest_by_device
 from kdtree.orchestrator.inputs import InputsIndex
 from kdtree.orchestrator.plan import Phase, Plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
@@ -25,12 +30,14 @@ class PhaseStatus:
 
     phase: Phase
     state: PhaseState
-    record: Optional[RunRecord]  # latest full run
-    partial: Optional[RunRecord]  # a partial run newer than ``record``
+    record: Optional[RunRecord]  # the deciding run
+    partial: Optional[RunRecord]  # a partial run newer than every full run
     spec_hash: str
     inputs_hash: str
     input_files: int
     stale_reasons: list[str] = field(default_factory=list)
+    newest: Optional[RunRecord] = None  # the newest full run (may differ from ``record``)
+    by_device: list[RunRecord] = field(default_factory=list)  # newest full run per device, newest first
 
     @property
     def passed_and_fresh(self) -> bool:
@@ -54,8 +61,8 @@ def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str) -> list[s
 def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
     """The status of one phase (see module docstring)."""
     records = store.records(phase.id)
-    full = [r for r in records if not r.partial]
-    record = full[-1] if full else None
+    full = full_runs(records)
+    record = deciding_run(records)
     partial = records[-1] if records and records[-1].partial else None
     spec_hash = phase.spec.spec_hash()
     inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
@@ -65,7 +72,8 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
     state = record.state
     if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
         state = PhaseState.STALE
-    return PhaseStatus(phase, state, record, partial, spec_hash, inputs_hash, n_files, reasons)
+    return PhaseStatus(phase, state, record, partial, spec_hash, inputs_hash, n_files, reasons,
+                       newest=full[-1], by_device=latest_by_device(records))
 
 
 def plan_status(plan: Plan, store: Optional[ResultStore] = None,

@@ -1,8 +1,11 @@
 """The result store: one JSON file per run under ``<results_dir>/<phase>/<run_id>.json``.
 
-Records are written atomically and never edited; history is every file. "Latest" is derived by
-sorting the files (run ids begin with a UTC timestamp), so no pointer can go out of sync. Other
-files in a phase's folder (plots, tables written by gates) are ignored.
+Records are written atomically and never edited (a checkpoint may fill in a record's commit,
+see `kdtree.orchestrator.provenance`); history is every file. "Latest" is derived by sorting the
+files (run ids begin with a UTC timestamp), so no pointer can go out of sync. Other files in a
+phase's folder (plots, tables written by gates) are ignored. A record names its phase and run id,
+and they must be its folder and its file name: a record copied into another phase's folder, or
+under another name (so that it would count twice), is an error naming the file.
 """
 
 from __future__ import annotations
@@ -29,6 +32,16 @@ def new_run_id(now: Optional[datetime] = None) -> str:
     return now.strftime("%Y%m%dT%H%M%S%fZ") + "-" + os.urandom(3).hex()
 
 
+def check_identity(record: RunRecord, path: Path, phase: str) -> None:
+    """Refuse a record whose phase or run id is not its folder or its file name."""
+    if record.phase != phase:
+        raise Refusal(f"run record {path} is a run of {record.phase!r} but lies in the folder of "
+                      f"{phase!r}; move it to {path.parent.parent / record.phase / path.name} or delete it")
+    if record.run_id != path.stem:
+        raise Refusal(f"run record {path} names run {record.run_id!r} but its file is named "
+                      f"{path.name!r} (a copy counts twice); rename it to {record.run_id}.json or delete it")
+
+
 class ResultStore:
     """Read and write run records of a plan's phases."""
 
@@ -49,6 +62,14 @@ class ResultStore:
         atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
         return path
 
+    def rewrite(self, record: RunRecord) -> Path:
+        """Replace an existing record atomically (a checkpoint filling in its commit)."""
+        path = self.path_of(record)
+        if not path.exists():
+            raise Refusal(f"run {record.run_id} of {record.phase} has no record at {path} to update")
+        atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+        return path
+
     def records(self, phase: str) -> list[RunRecord]:
         """Every run of ``phase``, oldest first. A damaged record is an error naming its file."""
         folder = self.phase_dir(phase)
@@ -59,10 +80,12 @@ class ResultStore:
             if not RUN_ID_RE.match(path.stem):
                 continue
             try:
-                out.append(RunRecord.model_validate(json.loads(path.read_text(encoding="utf-8"))))
+                record = RunRecord.model_validate(json.loads(path.read_text(encoding="utf-8")))
             except (ValueError, ValidationError) as exc:
                 raise Refusal(f"run record {path} is damaged ({str(exc).splitlines()[0]}); "
                               "restore it from git or delete it") from None
+            check_identity(record, path, phase)
+            out.append(record)
         out.sort(key=lambda r: (r.started_at, r.run_id))
         return out
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kdtree.gates.base import GateResult
-from kdtree.orchestrator.specs import RunRecord
+from kdtree.gates.spec import PhaseSpec
+from kdtree.orchestrator.specs import RunRecord, TargetResult
+from kdtree.orchestrator.targets import shown_targets, target_text
 
 
 def key_figure_text(result: GateResult) -> str:
@@ -40,16 +42,32 @@ def gate_json(result: GateResult) -> dict[str, Any]:
     }
 
 
-def run_json(record: Optional[RunRecord]) -> Optional[dict[str, Any]]:
+def target_json(t: TargetResult) -> dict[str, Any]:
+    return {**t.model_dump(mode="json"), "text": target_text(t)}
+
+
+def targets_view(record: RunRecord, spec: Optional[PhaseSpec]) -> tuple[list[TargetResult], bool]:
+    """The record's targets and whether they were evaluated now (a record from before targets)."""
+    if spec is None:
+        return list(record.targets), False
+    return shown_targets(record, spec)
+
+
+def run_json(record: Optional[RunRecord], spec: Optional[PhaseSpec] = None) -> Optional[dict[str, Any]]:
+    """A run for machines; ``spec`` (the current phase spec) evaluates an old record's targets."""
     if record is None:
         return None
+    targets, evaluated_now = targets_view(record, spec)
     return {
         "run_id": record.run_id, "state": record.state.value,
         "started_at": record.started_at.isoformat(), "ended_at": record.ended_at.isoformat(),
-        "git_sha": record.git.sha, "dirty": record.git.dirty, "device": record.device.label,
+        "git_sha": record.git.sha, "dirty": record.git.dirty, "git_head": record.git.head,
+        "git_sha_source": record.git.sha_source, "commit": record.git.short,
+        "device": record.device.label,
         "device_info": record.device.model_dump(mode="json"),
         "versions": record.versions.model_dump(mode="json"),
         "forced": record.forced, "forced_over": record.forced_over, "partial": record.partial,
         "gates_selected": record.gates_selected, "inputs_hash": record.inputs_hash,
         "spec_hash": record.spec_hash, "gates": [gate_json(r) for r in record.results],
+        "targets": [target_json(t) for t in targets], "targets_evaluated_now": evaluated_now,
     }

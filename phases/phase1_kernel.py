@@ -1,10 +1,13 @@
 """Phase 1: the owned MLA tree-verify CUDA kernel, its baselines and its benchmark.
 
-The gates prove it builds for sm_90 and sm_120 within sm_120's limits (no spills, no stack,
-<= 101376 B shared memory, no Hopper/Blackwell-datacenter-only instructions), matches the fp64
-oracle, is token-exact, beats the Triton baseline engines run today by the stated margin (and
-plain torch), gains nothing from contiguous slots it would lose on scattered ones, and is clean
-under compute-sanitizer.
+The gates' thresholds say when the phase is done: the kernel builds for sm_90 and sm_120 within
+sm_120's limits (no spills, no stack, <= 101376 B shared memory, no Hopper/Blackwell-datacenter-
+only instructions), matches the fp64 oracle, is token-exact, is at L >= 32k at least 3x faster
+than the Triton baseline engines run today on every config and 1.5x faster than plain torch in
+the median, loses at most 5% on scattered slots against contiguous ones, and is clean under
+compute-sanitizer. The speed gates' targets say how far it is from the best in the field
+(FlashInfer's mma.sync FA2 MLA kernel, the roofline) and block nothing: they are recorded and
+shown met / not met with the margin (docs/design.md, "Gates").
 
 The checks live in `phase1_work`: each feeds a generic mechanism of `kdtree.gates` with this
 project's kernel, baselines, oracle and engine.
@@ -14,19 +17,24 @@ from __future__ import annotations
 
 from kdtree.gates.spec import (
     AccuracyGateSpec, BuildGateSpec, MetricGateSpec, PhaseSpec, SanitizerGateSpec, SpeedupGateSpec,
-    Threshold, TokenExactGateSpec,
+    Target, Threshold, TokenExactGateSpec,
 )
+
+FA2 = "vs FlashInfer 0.7.2 FA2 MLA (mma.sync), causal chain, same shapes"
 
 SPEC = PhaseSpec(
     id="phase1",
     title="kernel",
     objective=("An owned MLA tree-verify attention kernel (mma.sync, cp.async / bulk copy; nothing "
-               "sm_120 lacks) that reads the shared latent once for all heads and is at least 20x "
-               "faster than the Triton kernel sm_120 users run today."),
+               "sm_120 lacks) that reads the shared latent once for all heads: done when it is at "
+               "least 3x faster than the Triton kernel sm_120 users run today on every long-context "
+               "config; aiming at FlashInfer's mma.sync MLA kernel (with a tree mask it lacks) and "
+               "the roofline."),
     deliverables=[
         "kernels/csrc: the CUDA kernel and its pybind11 binding; kdtree.kernels.tree_verify_mla",
         "kdtree.kernels.naive and kdtree.kernels.triton_baseline: the baselines, same signature",
-        "a benchmark over DESIGN 3b's configs and the DDTree grid, with roofline fractions and plots",
+        "a benchmark over the configs of docs/design.md (where the field stands) and the DDTree grid, "
+        "with roofline fractions and plots",
     ],
     inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
             "engine/**/*.py", "gates/**/*.py"],
@@ -47,14 +55,25 @@ SPEC = PhaseSpec(
             description="greedy tree-verify decoding with the kernel == with the oracle, every prompt"),
         SpeedupGateSpec(
             name="speedup", requires=["cuda", "triton"], baseline="triton",
-            min_median_speedup=20.0, min_each_speedup=5.0,
-            min_roofline_median=0.5, min_roofline_each=0.35,
-            description="vs kdtree.kernels.triton_baseline, interleaved, over the benchmark configs; "
-                        "fraction of the roofline floor reached"),
+            min_median_speedup=3.0, min_each_speedup=3.0,
+            targets=[
+                Target(figure="fa2_min_speedup", op=">=", value=1.0, unit="x", note=FA2 + ", every config"),
+                Target(figure="fa2_median_speedup", op=">=", value=1.25, unit="x", note=FA2 + ", median"),
+                Target(figure="median_roofline", op=">=", value=0.36, note="fraction of the roofline floor reached, median"),
+                Target(figure="median_speedup", op=">=", value=20.0, unit="x", note="the threshold until issue 15, kept as a target"),
+                Target(figure="min_speedup", op=">=", value=5.0, unit="x", note="the threshold until issue 15, kept as a target"),
+                Target(figure="median_roofline", op=">=", value=0.5, note="the threshold until issue 15, kept as a target"),
+                Target(figure="min_roofline", op=">=", value=0.35, note="the threshold until issue 15, kept as a target"),
+            ],
+            description="vs kdtree.kernels.triton_baseline, interleaved, over the benchmark configs at "
+                        "L >= 32k: at least 3x on every config; the FlashInfer FA2 ratios and the "
+                        "roofline fractions are targets"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
-            min_median_speedup=2.0, min_each_speedup=1.0,
-            description="vs plain torch bf16 (kdtree.kernels.naive): never slower, 2x at the median"),
+            min_median_speedup=1.5, min_each_speedup=1.0,
+            targets=[Target(figure="median_speedup", op=">=", value=2.0, unit="x",
+                            note="the threshold until issue 15, kept as a target")],
+            description="vs plain torch bf16 (kdtree.kernels.naive): never slower, 1.5x at the median"),
         MetricGateSpec(
             name="scatter", requires=["cuda"],
             thresholds=[Threshold(figure="scatter_slowdown", op="<=", value=1.05, unit="x")],

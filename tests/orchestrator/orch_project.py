@@ -19,13 +19,14 @@ from kdtree.orchestrator.cli import cli
 PHASE_TEMPLATE = '''
 import json, os, signal
 from kdtree.gates.base import Figure, GateResult, Outcome, verdict
-from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Threshold
+from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Target, Threshold
 
 SPEC = PhaseSpec(
     id="{pid}", title="{title}", objective="test phase {pid}",
     inputs=["src/{pid}/**"],
     gates=[
-        MetricGateSpec(name="speed", thresholds=[Threshold(figure="speedup", op=">=", value=3.0, unit="x")]),
+        MetricGateSpec(name="speed", thresholds=[Threshold(figure="speedup", op=">=", value=3.0, unit="x")],
+                       targets=[{targets}]),
         MetricGateSpec(name="exact", thresholds=[Threshold(figure="mismatches", op="==", value=0)]),
         {extra}
     ],
@@ -158,7 +159,7 @@ class Project:
         git(self.root, "commit", "-q", "-m", message)
 
 
-def make_project(root: Path, extra_gate: str = "", extra_checks: str = "") -> Project:
+def make_project(root: Path, extra_gate: str = "", extra_checks: str = "", targets: str = "") -> Project:
     pkg = "tp_" + uuid.uuid4().hex[:10]
     root.mkdir(parents=True, exist_ok=True)
     git(root, "init", "-q", "-b", "main")
@@ -176,11 +177,13 @@ markdown = "plans/plan.md"
 phases = ["{pkg}.p1", "{pkg}.p2"]
 """)
     proj.write(f"{pkg}/__init__.py", "")
-    proj.write(f"{pkg}/p1.py", PHASE_TEMPLATE.format(pid="p1", title="alpha", extra=extra_gate, extra_checks=extra_checks))
-    proj.write(f"{pkg}/p2.py", PHASE_TEMPLATE.format(pid="p2", title="beta", extra="", extra_checks=""))
+    proj.write(f"{pkg}/p1.py", PHASE_TEMPLATE.format(pid="p1", title="alpha", extra=extra_gate,
+                                                     extra_checks=extra_checks, targets=targets))
+    proj.write(f"{pkg}/p2.py", PHASE_TEMPLATE.format(pid="p2", title="beta", extra="", extra_checks="",
+                                                     targets=""))
     proj.write("src/p1/code.py", "x = 1\n")
     proj.write("src/p2/code.py", "y = 2\n")
-    proj.write(".gitignore", "*.tmp\n__pycache__/\nsrc/p1/cache/\n")
+    proj.write(".gitignore", "*.tmp\n__pycache__/\nsrc/p1/cache/\nknobs.json\n")  # knobs: test machinery
     proj.write("plans/plan.md", PLAN_MD)
     proj.write("CHANGELOG.md", CHANGELOG)
     proj.knobs()

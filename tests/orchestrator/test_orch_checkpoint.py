@@ -108,7 +108,7 @@ def test_refuses_outside_a_git_repository(project, tmp_path):
     copy = type(project)(bare, project.pkg)
     copy.cli("run", "p1", "--device", "cpu")  # a copied tree (a GPU host) can still run
     rec = json.loads(copy.records("p1")[0].read_text())
-    assert rec["git"] == {"sha": None, "dirty": None, "branch": None}
+    assert rec["git"] == {"sha": None, "dirty": None, "branch": None, "head": None, "sha_source": None}
     res = copy.cli("checkpoint", expect=2)
     assert "not a git repository" in res.stderr
 
@@ -118,3 +118,65 @@ def test_detached_head_is_allowed_and_said(project):
     project.cli("run", "p1", "--device", "cpu")
     res = project.cli("checkpoint", "--commit")
     assert "HEAD is detached" in res.stdout
+
+
+def _committed(project) -> set[str]:
+    return set(git(project.root, "show", "--name-only", "--format=", "HEAD").split())
+
+
+def test_untracked_files_are_never_committed_silently(project):
+    project.write("scratch.txt", "notes\n")
+    project.write(".env.local", "TOKEN=do-not-commit\n")
+    project.cli("run", "p1", "--device", "cpu")
+    res = project.cli("checkpoint", "--commit")
+    assert "scratch.txt" not in _committed(project) and ".env.local" not in _committed(project)
+    assert "not committed (untracked; pass --include-untracked to add them): .env.local, scratch.txt" in res.stdout
+    assert git(project.root, "status", "--porcelain", "--untracked-files=all").split() == \
+        ["??", ".env.local", "??", "scratch.txt"]
+
+
+def test_include_untracked_adds_the_listed_files(project):
+    project.write("scratch.txt", "notes\n")
+    project.cli("run", "p1", "--device", "cpu")
+    project.cli("checkpoint", "--commit", "--include-untracked")
+    assert "scratch.txt" in _committed(project)
+
+
+def test_modified_tracked_files_outside_the_checkpoint_are_refused(project):
+    project.write("README.md", "a tracked file\n")
+    project.commit_all("readme")
+    project.write("README.md", "edited, not part of the run\n")
+    project.write("src/p1/code.py", "x = 5\n")  # an input: fine
+    project.cli("run", "p1", "--device", "cpu")
+    head = git(project.root, "rev-parse", "HEAD")
+    plan_before = project.plan_path.read_bytes()
+    res = project.cli("checkpoint", "--commit", expect=2)
+    assert "tracked files outside this checkpoint are modified or staged: README.md" in res.stderr
+    assert "commit or stash" in res.stderr
+    assert git(project.root, "rev-parse", "HEAD") == head
+    assert project.plan_path.read_bytes() == plan_before  # refused before writing anything
+    git(project.root, "add", "README.md")  # staged counts too
+    res = project.cli("checkpoint", "--commit", expect=2)
+    assert "README.md" in res.stderr
+    git(project.root, "stash", "push", "-q", "--", "README.md")
+    project.cli("checkpoint", "--commit")
+    assert _committed(project) >= {"src/p1/code.py", "plans/plan.md"} and "README.md" not in _committed(project)
+
+
+def test_untracked_inputs_need_include_untracked(project):
+    project.write("src/p1/new.py", "z = 3\n")  # hashed into the run's inputs
+    project.cli("run", "p1", "--device", "cpu")
+    res = project.cli("checkpoint", "--commit", expect=2)
+    assert "untracked files are inputs of the run" in res.stderr and "src/p1/new.py" in res.stderr
+    assert "--include-untracked" in res.stderr
+    project.cli("checkpoint", "--commit", "--include-untracked")
+    assert "src/p1/new.py" in _committed(project)
+
+
+def test_a_deleted_input_is_committed_as_deleted(project):
+    project.write("src/p1/old.py", "gone soon\n")
+    project.commit_all("old")
+    (project.root / "src/p1/old.py").unlink()
+    project.cli("run", "p1", "--device", "cpu")
+    res = project.cli("checkpoint", "--commit")
+    assert "D\tsrc/p1/old.py" in res.stdout

@@ -81,3 +81,71 @@ def test_python_dash_m_works(project):
                          env={**os.environ})
     assert out.returncode == 0, out.stderr
     assert '"id": "p1"' in out.stdout
+
+
+def test_help_lists_the_exit_codes():
+    res = CliRunner().invoke(cli, ["--help"])
+    assert res.exit_code == 0
+    text = res.stdout
+    assert "Exit codes:" in text
+    for code, words in (("0", "passed"), ("1", "did not pass"), ("2", "refused"),
+                        ("3", "incomplete"), ("130", "interrupted"), ("141", "pipe was closed")):
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(code + " "))
+        assert words in line, line
+
+
+def test_ctrl_c_before_the_first_gate_exits_130_and_records_nothing(project, monkeypatch):
+    from kdtree.orchestrator import device as device_facts  # noqa: PLC0415
+
+    def interrupted(request):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(device_facts, "resolve_device", interrupted)  # e.g. while torch imports
+    res = project.cli("run", "p1", expect=130)
+    assert "Aborted!" not in res.output
+    assert "run of p1 interrupted before its first gate; nothing was recorded" in res.stderr
+    assert project.records("p1") == []
+    assert not (project.root / "plans" / "results" / ".lock").exists()
+
+
+def test_ctrl_c_in_any_command_exits_130(project, monkeypatch):
+    from kdtree.orchestrator import state  # noqa: PLC0415
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(state, "plan_status", interrupted)
+    res = project.cli("status", expect=130)
+    assert "Aborted!" not in res.output and "interrupted (Ctrl-C)" in res.stderr
+
+
+def _with_closed_stdout(project, *args) -> subprocess.CompletedProcess:
+    """Run orchestrate with its stdout a pipe whose reader is gone (`orchestrate ... | head`)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kdtree.orchestrator", "--repo", str(project.root), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+def test_a_closed_pipe_gives_no_traceback_and_the_run_is_still_recorded(project):
+    out = _with_closed_stdout(project, "run", "p1", "--device", "cpu")
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+    assert out.returncode == 0
+    assert len(project.records("p1")) == 1
+    assert "| p1 | alpha | **passed** |" in project.plan_path.read_text()
+    for args in (("status",), ("status", "--json"), ("history", "p1"), ("plan", "--check")):
+        out = _with_closed_stdout(project, *args)
+        assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, (args, out.stderr)
+        assert out.returncode in (0, 141), (args, out.returncode)
+
+
+def test_a_missing_plan_markdown_is_refused_before_any_gate(project):
+    py = project.root / "pyproject.toml"
+    py.write_text(py.read_text().replace('markdown = "plans/plan.md"', 'markdown = "plans/missing.md"'))
+    res = project.cli("run", "p1", "--device", "cpu", expect=2)
+    assert "the plan markdown plans/missing.md (`markdown` in [tool.orchestrate] of pyproject.toml) " \
+           "does not exist" in res.stderr
+    assert "No gate was run" in res.stderr
+    assert project.records("p1") == []

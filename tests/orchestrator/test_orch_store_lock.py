@@ -125,3 +125,24 @@ def test_glob_semantics(pattern, path, hit):
 def test_match_inputs_is_the_union_of_globs():
     files = ["b/x.py", "a/y.py", "c/z.txt"]
     assert match_inputs(files, ["a/**", "b/*.py"]) == ["b/x.py", "a/y.py"]
+
+
+def test_a_record_copied_into_another_phase_folder_is_an_error_naming_it(project):
+    project.cli("run", "p1", "--device", "cpu")
+    (path,) = project.records("p1")
+    copy = project.root / "plans" / "results" / "p2" / path.name
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(path.read_bytes())
+    res = project.cli("status", expect=2)
+    assert str(copy) in res.stderr
+    assert "is a run of 'p1' but lies in the folder of 'p2'" in res.stderr
+
+
+def test_a_record_copied_under_another_run_id_does_not_count_twice(project):
+    project.cli("run", "p1", "--device", "cpu")
+    (path,) = project.records("p1")
+    copy = path.with_name("20991231T000000000000Z-abcdef.json")
+    copy.write_bytes(path.read_bytes())
+    res = project.cli("history", "p1", expect=2)
+    assert str(copy) in res.stderr and "its file is named" in res.stderr
+    assert "rename it to" in res.stderr

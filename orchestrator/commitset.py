@@ -1,0 +1,114 @@
+"""What a checkpoint commit may hold: the files it wrote or reports, and the inputs that ran.
+
+A checkpoint commits
+
+- the plan markdown and the changelog (it writes them),
+- the reported phase's results folder: the run records in it, the plots the reported run links,
+  and changes to files already tracked there (the figures its gates wrote),
+- tracked changes to the phase's input files: the checkpoint refuses a stale run, so these are
+  exactly the files the recorded inputs hash covers.
+
+A modified tracked file outside those is refused (commit or stash it first): the checkpoint
+would otherwise either sweep it in or leave the commit without a file the tree depends on.
+Untracked files are never committed silently: untracked inputs of the phase are refused unless
+``--include-untracked`` (the commit must hold what the gates ran on), other untracked files are
+left out and listed, and ``--include-untracked`` adds them too. The run lock is never committed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.inputs import glob_regex
+from kdtree.orchestrator.store import RUN_ID_RE
+
+
+@dataclass
+class CommitSet:
+    """The paths a checkpoint stages, and the untracked ones it leaves out."""
+
+    paths: list[str] = field(default_factory=list)  # what the commit will change
+    to_add: list[str] = field(default_factory=list)  # of those, the ones not staged as they are now
+    left_out: list[str] = field(default_factory=list)  # untracked, not added (no --include-untracked)
+
+    def take(self, xy: str, path: str) -> None:
+        self.paths.append(path)
+        if xy == "??" or xy[1] != " ":
+            self.to_add.append(path)
+
+
+def working_tree_changes(root: Path) -> list[tuple[str, str]]:
+    """(status XY, path) for every changed, staged or untracked (not ignored) file."""
+    out = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--no-renames",
+                          "--untracked-files=all"], cwd=root, capture_output=True, check=True).stdout
+    rows = []
+    for entry in out.decode("utf-8", "surrogateescape").split("\0"):
+        if entry:
+            rows.append((entry[:2], entry[3:]))
+    return rows
+
+
+def _under(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip("/") + "/")
+
+
+def select(changes: list[tuple[str, str]], *, plan_md: str, changelog: str, phase_dir: str,
+           lock: str, input_globs: list[str], plots: list[str], include_untracked: bool) -> CommitSet:
+    """Classify ``changes`` (see module docstring); a Refusal naming what is in the way."""
+    regexes = [glob_regex(g) for g in input_globs]
+    chosen = CommitSet()
+    foreign_tracked: list[str] = []
+    untracked_inputs: list[str] = []
+    untracked_other: list[str] = []
+    status = dict((path, xy) for xy, path in changes)
+    for xy, path in changes:
+        if path == lock:
+            continue
+        untracked = xy == "??"
+        if path in (plan_md, changelog):
+            chosen.take(xy, path)
+        elif _under(path, phase_dir):
+            name = path[len(phase_dir.rstrip("/")) + 1:]
+            is_record = "/" not in name and name.endswith(".json") and RUN_ID_RE.match(name[:-5])
+            if not untracked or is_record or path in plots:
+                chosen.take(xy, path)
+            else:
+                untracked_other.append(path)
+        elif any(r.match(path) for r in regexes):
+            if untracked:
+                untracked_inputs.append(path)
+            else:
+                chosen.take(xy, path)
+        elif untracked:
+            untracked_other.append(path)
+        else:
+            foreign_tracked.append(path)
+    if foreign_tracked:
+        raise Refusal("tracked files outside this checkpoint are modified or staged: "
+                      + ", ".join(foreign_tracked) + ". A checkpoint commits the plan, the run "
+                      "records, the changelog and the phase's own input files; commit or stash "
+                      "these first (`git stash push -- PATH`), then checkpoint again")
+    if untracked_inputs and not include_untracked:
+        raise Refusal("untracked files are inputs of the run (its gates ran on them): "
+                      + ", ".join(untracked_inputs) + ". Pass --include-untracked to add them "
+                      "to the checkpoint, or `git add` them yourself first"
+                      + (f"; --include-untracked would also add {', '.join(untracked_other)}"
+                         if untracked_other else ""))
+    if include_untracked:
+        for path in untracked_inputs + untracked_other:
+            chosen.take(status[path], path)
+    else:
+        chosen.left_out = untracked_other
+    return chosen
+
+
+def stage(root: Path, paths: list[str]) -> None:
+    """``git add -A`` exactly ``paths`` (deletions included), each taken literally."""
+    if not paths:
+        return
+    spec = b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0"
+    subprocess.run(["git", "--literal-pathspecs", "add", "-A", "--pathspec-from-file=-",
+                    "--pathspec-file-nul"], cwd=root, input=spec, capture_output=True, check=True)

@@ -1,0 +1,72 @@
+"""Which recorded run decides a phase's state, and the latest run on each device.
+
+The newest full run decides, with one exception: a run that skipped gates (say on a machine
+without a GPU) never overrides an earlier full run of the same code and spec (same inputs hash
+and spec hash) that ran more of them. Among the runs of the newest run's code and spec, the one
+with the fewest skipped gates decides, the newest of those on a tie. Once the code or the spec
+changes, the newest run decides again, whatever it skipped. Partial runs (``--gate``) never
+decide. This is a function of the records alone, so the plan renders the same everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from kdtree.gates.base import Outcome
+from kdtree.orchestrator.specs import RunRecord
+
+
+def skipped(record: RunRecord) -> int:
+    """How many of the run's gates were skipped."""
+    return sum(1 for r in record.results if r.outcome is Outcome.SKIPPED)
+
+
+def same_code(a: RunRecord, b: RunRecord) -> bool:
+    """Whether two runs tested the same input files under the same spec."""
+    return a.inputs_hash == b.inputs_hash and a.spec_hash == b.spec_hash
+
+
+def full_runs(records: list[RunRecord]) -> list[RunRecord]:
+    return [r for r in records if not r.partial]
+
+
+def deciding_run(records: list[RunRecord]) -> Optional[RunRecord]:
+    """The run that decides the phase's state (see module docstring); None without a full run."""
+    full = full_runs(records)
+    if not full:
+        return None
+    peers = [r for r in full if same_code(r, full[-1])]
+    fewest = min(skipped(r) for r in peers)
+    return [r for r in peers if skipped(r) == fewest][-1]
+
+
+def latest_by_device(records: list[RunRecord]) -> list[RunRecord]:
+    """The newest full run on each device (by its label), newest first, and the deciding run
+    too when an incomplete newer run on its own device hides it."""
+    newest: dict[str, RunRecord] = {}
+    for r in full_runs(records):
+        newest[r.device.label] = r
+    rows = list(newest.values())
+    decider = deciding_run(records)
+    if decider is not None and all(r.run_id != decider.run_id for r in rows):
+        rows.append(decider)
+    return sorted(rows, key=lambda r: (r.started_at, r.run_id), reverse=True)
+
+
+def complete_peer(record: RunRecord, records: list[RunRecord]) -> Optional[RunRecord]:
+    """The newest full run of ``record``'s code and spec that skipped no gate, if ``record`` skipped any."""
+    if not skipped(record):
+        return None
+    peers = [r for r in full_runs(records) if same_code(r, record) and not skipped(r)]
+    return peers[-1] if peers else None
+
+
+def why_not_deciding(record: RunRecord, decider: RunRecord) -> str:
+    """Why ``record`` does not decide the state while ``decider`` does (for the listings)."""
+    if same_code(record, decider) and skipped(record) > skipped(decider):
+        return (f"it skipped {skipped(record)} gate(s) that run {decider.run_id} ran on the same "
+                "inputs")
+    if (record.started_at, record.run_id) < (decider.started_at, decider.run_id):
+        return f"run {decider.run_id} is newer"
+    return (f"it tested other inputs or another spec than the newest full run, whose code run "
+            f"{decider.run_id} decides")

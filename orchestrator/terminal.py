@@ -1,0 +1,20 @@
+"""Output whose reader went away (``orchestrate ... | head``): no traceback, later output discarded."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def silence_stdout(err: bool = False) -> None:
+    """Point stdout (``err``: stderr) at /dev/null, so later writes and the final flush are quiet."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # no real file behind it (a test runner's buffer)
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
