@@ -37,7 +37,7 @@ def test_a_divergent_stream_fails_naming_the_first_divergence():
     assert r.outcome is Outcome.FAILED
     assert fig(r, "exact_fraction").value == 0.75
     (d,) = r.details["divergences"]
-    assert d == {"prompt": "p2", "index": 6, "candidate": 999, "reference": 8,
+    assert d == {"prompt": "p2", "run": "", "index": 6, "candidate": 999, "reference": 8,
                  "candidate_len": 10, "reference_len": 10}
     assert "prompt p2" in r.summary and "token 6" in r.summary and "999" in r.summary
 
