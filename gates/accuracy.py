@@ -75,14 +75,24 @@ def _worst(values: Iterable[float]) -> float:
     return max(vals)
 
 
-def trial_modes(case: AccuracyCase, trials: int, rng: random.Random) -> list[str]:
-    """How each trial of a case hands over its buffers: one ``poisoned`` at least, the others
-    drawn (``none`` only where the case names outputs the candidate may allocate), shuffled."""
-    choices = [m for m in BUFFER_MODES if m != "none" or case.may_allocate]
-    modes = ["poisoned"] + [m for m in choices if m != "poisoned"][: max(trials - 1, 0)]
-    modes += [rng.choice(choices) for _ in range(trials - len(modes))]
-    rng.shuffle(modes)
-    return modes
+def trial_modes(cases: list[AccuracyCase], trials: int, rng: random.Random) -> list[list[str]]:
+    """How each trial of each case hands over its buffers: every case gets one ``poisoned`` trial;
+    its other trials take turns (across cases, from a random start) at ``stale`` and ``none``
+    (``none`` only where the case names outputs the candidate may allocate); then each case's
+    list is shuffled."""
+    others = [m for m in BUFFER_MODES if m != "poisoned"]
+    rng.shuffle(others)
+    turn = 0
+    out = []
+    for case in cases:
+        modes = ["poisoned"]
+        while len(modes) < trials:
+            mode = others[turn % len(others)]
+            turn += 1
+            modes.append("stale" if mode == "none" and not case.may_allocate else mode)
+        rng.shuffle(modes)
+        out.append(modes)
+    return out
 
 
 def _row_errors(out, ref, scale):
@@ -215,8 +225,8 @@ def check_accuracy(spec: AccuracyGateSpec, cases: Iterable[AccuracyCase], candid
     if len(set(names)) != len(names):
         raise ValueError(f"accuracy case names must be unique: {names}")
     order_rng = random.Random(ctx.fresh_seed())
-    runs = [(ci, t, mode) for ci, case in enumerate(cases)
-            for t, mode in enumerate(trial_modes(case, spec.trials, order_rng))]
+    runs = [(ci, t, mode) for ci, modes in enumerate(trial_modes(cases, spec.trials, order_rng))
+            for t, mode in enumerate(modes)]
     order_rng.shuffle(runs)
     seeds: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []

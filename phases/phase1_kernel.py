@@ -38,9 +38,12 @@ SPEC = PhaseSpec(
             description="nvcc for sm_90 and sm_120; ptxas: no spills, no stack, smem within sm_120's limit; "
                         "no wgmma/tcgen05 in the SASS"),
         AccuracyGateSpec(
-            name="accuracy", requires=["cuda"], trials=3, max_rel_l2=1e-2, max_abs=5e-2,
-            check_lse=True, max_lse_abs=1e-2,
-            description="vs the fp64 oracle on fresh random cases and the edge cases, outputs poisoned first"),
+            name="accuracy", requires=["cuda"], trials=3, max_rel_l2=1e-2, max_abs_rel=2e-2,
+            max_row_rel=1e-2, check_lse=True, max_lse_abs=1e-2,
+            description="vs the fp64 oracle on fresh random cases, the edge cases and dominant-key cases "
+                        "(tail, split boundaries, first/last tree slot, hidden slots); buffers poisoned "
+                        "afresh, stale or out=None; per row within 1e-2 of ||ref_r|| + rho_r (the bf16 "
+                        "rounding scale), max-abs within 2e-2 of the output's max"),
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32,
             min_exact_fraction=1.0,

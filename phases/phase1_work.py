@@ -30,6 +30,18 @@ ACCURACY_CASES = [
     ("B8 mixed H8", 8, list(zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])), "random"),
 ]
 
+# Structured cases (`phase1_cases.dominant_key_case`): keys that dominate their rows at the tail of
+# the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
+# at the first and last tree slot, plus rows that target a slot they must not see. Sized so that
+# T x H x 8 targets hold every marked key (about (L+T)/16 of them). L past 8192 in each.
+STRUCTURED_CASES = [
+    ("dominant H32 T16 L32k", 32, [(16, 32768)], "random"),
+    ("dominant H8 T64 B2 L9k", 8, [(64, 9000), (40, 12000)], "random"),
+    ("dominant H128 T1 L15k", 128, [(1, 15000)], "chain"),
+    ("dominant star H16 T300 L2000", 16, [(300, 2000)], "star"),
+    ("dominant mixed H16", 16, [(5, 9000), (33, 100), (1, 0)], "random"),
+]
+
 # Speed configs at L >= 32k (the targets are stated there): (H, T, B, L).
 SPEED_CONFIGS = [(8, 16, 1, 32768), (8, 64, 1, 32768), (64, 16, 1, 32768), (64, 64, 1, 32768),
                  (8, 16, 8, 32768), (64, 16, 8, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
@@ -38,10 +50,22 @@ SPEED_CONFIGS_QUICK = SPEED_CONFIGS[:4]
 SCATTER_CONFIGS = [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768), (128, 64, 1, 32768)]
 
 
+def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
+    """The requests with each prefix of 100+ keys lengthened by 0..31 keys, drawn from the seed:
+    shapes vary from trial to trial, so no shape tells a candidate it is inside the gate."""
+    return [(t, l + ((seed >> (5 * i)) % 32 if l >= 100 else 0)) for i, (t, l) in enumerate(reqs)]
+
+
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
     from kdtree.kernels.cases import make_case  # noqa: PLC0415
 
-    return make_case(H, reqs, kind, seed, device=device)
+    return make_case(H, jittered(reqs, seed), kind, seed, device=device)
+
+
+def _structured_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
+    from kdtree.phases.phase1_cases import dominant_key_case  # noqa: PLC0415
+
+    return dominant_key_case(H, jittered(reqs, seed), kind, seed, device=device)
 
 
 def check_build(spec, ctx: GateContext) -> GateResult:
@@ -57,20 +81,24 @@ def check_build(spec, ctx: GateContext) -> GateResult:
     return run(spec, compile_one, ctx)
 
 
-def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None) -> GateResult:
-    """The kernel (or `candidate_fn`, same signature) vs the fp64 oracle on ACCURACY_CASES."""
+def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, structured=None) -> GateResult:
+    """The kernel (or `candidate_fn`, same signature) vs the fp64 oracle on ACCURACY_CASES (random)
+    and STRUCTURED_CASES (dominant keys, `phase1_cases`); `cases` / `structured` replace them.
+    Per-row errors are held relative to `phase1_cases.row_scale`."""
     import torch  # noqa: PLC0415
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
     from kdtree.kernels.cases import oracle  # noqa: PLC0415
+    from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
 
     if candidate_fn is None:
         from kdtree.kernels import tree_verify_mla as candidate_fn  # noqa: PLC0415
 
-    def case(name, H, reqs, kind):
+    def case(name, H, reqs, kind, make=_kernel_inputs, label="random"):
         return AccuracyCase(
-            name=name, params={"H": H, "requests": reqs, "tree": kind},
-            make_inputs=lambda seed, device: _kernel_inputs(H, reqs, kind, seed, device),
+            name=name, params={"H": H, "requests": reqs, "tree": kind, "inputs": label},
+            may_allocate=("out",),
+            make_inputs=lambda seed, device: make(H, reqs, kind, seed, device),
             make_outputs=lambda inp: {
                 "out": torch.empty(inp["q"].shape[0], inp["q"].shape[1], 512, dtype=torch.bfloat16,
                                    device=inp["q"].device),
@@ -78,14 +106,18 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None) -> Gat
                                    device=inp["q"].device)})
 
     def candidate(inp, outs):
-        candidate_fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-                     inp["tree_mask"], inp["sm_scale"], out=outs["out"], lse=outs.get("lse"))
+        out = candidate_fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+                           inp["tree_mask"], inp["sm_scale"], out=outs.get("out"), lse=outs.get("lse"))
+        return {"out": out}
 
     def reference(inp):
         out, lse = oracle(inp)
         return {"out": out, "lse": lse}
 
-    return run(spec, [case(*c) for c in (cases or ACCURACY_CASES)], candidate, reference, ctx)
+    all_cases = [case(*c) for c in (ACCURACY_CASES if cases is None else cases)]
+    all_cases += [case(*c, make=_structured_inputs, label="dominant keys")
+                  for c in (STRUCTURED_CASES if structured is None else structured)]
+    return run(spec, all_cases, candidate, reference, ctx, row_scale=lambda inp, exp: {"out": row_scale(inp)})
 
 
 def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str = "cuda",

@@ -10,6 +10,7 @@ compiled into the CUDA kernel itself (KD_BREAK) must fail the accuracy gate, in 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -27,15 +28,88 @@ CPU_CASES = [
     ("chain H2 T6 L0", 2, [(6, 0)], "chain"),
     ("mixed H3", 3, [(5, 7), (1, 3), (35, 4)], "random"),
 ]
+# CPU-sized dominant-key cases: one past 8192 keys (33 splits at 132 SMs), one tree with traps.
+CPU_STRUCTURED = [
+    ("dominant H8 T16 L8k", 8, [(16, 8200)], "random"),
+    ("dominant H4 T40 L60", 4, [(40, 60)], "random"),
+]
+# i.i.d. random cases past 8192 keys, with few splits at 132 SMs (H64 T16: 4): what the gate had.
+LONG_RANDOM = [("random H8 T4 L8k", 8, [(4, 8200)], "random"), ("random H64 T16 L8k", 64, [(16, 8200)], "random")]
 
 
 def _ctx():
     return GateContext(device="cpu")
 
 
-def _accuracy(candidate):
-    spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 1, "requires": []})
-    return run_check(spec, lambda s, c: phase1_work.check_accuracy(s, c, candidate, CPU_CASES), _ctx())
+def _spec(**update):
+    return phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2, "requires": [], **update})
+
+
+def _accuracy(candidate, cases=CPU_CASES, structured=CPU_STRUCTURED, spec=None):
+    return run_check(spec or _spec(), lambda s, c: phase1_work.check_accuracy(s, c, candidate, cases, structured),
+                     _ctx())
+
+
+def _problems(result):
+    return [f["problem"] for f in result.details.get("failures", [])]
+
+
+def _failed_cases(result):
+    return {f["case"] for f in result.details.get("failures", [])}
+
+
+def _allocating(fn):
+    """A broken op written for an `out` buffer, honouring out=None like the contract."""
+    def op(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+        if out is None:
+            out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
+        fn(q, kv, qo, kvp, idx, mask, scale, out=out, lse=lse)
+        return out
+    return op
+
+
+def _drop_keys(q, kv, qo, kvp, idx, mask, scale, drop, *, out=None, lse=None):
+    """The oracle over each request's slots except the positions `drop(b, L, T)` names."""
+    kept, new_kvp = [], [0]
+    qo_l, kv_l = qo.tolist(), kvp.tolist()
+    for b in range(len(qo_l) - 1):
+        t = qo_l[b + 1] - qo_l[b]
+        slots = idx[kv_l[b]: kv_l[b + 1]]
+        L = slots.numel() - t
+        gone = {p for p in drop(b, L, t) if p < L}  # prefix keys only: the tree mask stays aligned
+        keep = torch.tensor([p for p in range(slots.numel()) if p not in gone], dtype=torch.long)
+        kept.append(slots[keep])
+        new_kvp.append(new_kvp[-1] + keep.numel())
+    return tree_verify_mla_reference(q, kv, qo, torch.tensor(new_kvp, dtype=torch.int32), torch.cat(kept), mask,
+                                     scale, out=out, lse=lse)
+
+
+def _drop_tail_past_8192(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+    return _drop_keys(q, kv, qo, kvp, idx, mask, scale, lambda b, L, T: [L - 1] if L > 8192 else [],
+                      out=out, lse=lse)
+
+
+def split_edges(q, qo, kvp, mask, num_kv, sm_count=132):
+    """Where the kernel's KV splits start (after the first) for this call at `sm_count` SMs."""
+    from kdtree.kernels.launch_plan import BLOCK_N, plan_launch
+
+    plan = plan_launch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, sm_count, (9, 0))
+    edges = {}
+    kv_l = kvp.tolist()
+    for b in range(len(kv_l) - 1):
+        n = kv_l[b + 1] - kv_l[b]
+        chunk = -(-(-(-n // plan.num_splits)) // BLOCK_N) * BLOCK_N
+        edges[b] = list(range(chunk, n, chunk))
+    return plan.num_splits, edges
+
+
+def _lose_split_boundary_keys(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+    _, edges = split_edges(q, qo, kvp, mask, idx.numel())
+    return _drop_keys(q, kv, qo, kvp, idx, mask, scale, lambda b, L, T: edges[b], out=out, lse=lse)
+
+
+# The gate as it was (i.i.d. random cases only, rel-L2 1e-2 and an absolute max-abs of 5e-2).
+_OLD_GATE = dict(max_row_rel=None, max_abs=5e-2, max_abs_rel=1e9)
 
 
 def _wrong_mask_bit(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
@@ -59,7 +133,8 @@ def _wrong_scale(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
 
 
 def _unwritten_rows(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-    full = tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale, lse=torch.empty_like(lse))
+    full = tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale,
+                                     lse=torch.empty(q.shape[0], q.shape[1], dtype=torch.float32))
     out[:-1] = full[:-1]
     if lse is not None:
         lse[:-1] = 0.0
@@ -69,13 +144,61 @@ def _unwritten_rows(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
 def test_accuracy_gate_passes_the_oracle_in_bf16():
     result = _accuracy(tree_verify_mla_reference)
     assert result.outcome is Outcome.PASSED, result.summary
+    assert {s["buffers"] for s in result.details["seeds"]} == {"poisoned", "stale", "none"}
+    row = next(f for f in result.figures if f.name == "worst_row_rel")
+    assert row.value < 2e-3  # bf16 output rounding alone: about 2^-9 / sqrt(3) of the row scale
 
 
-@pytest.mark.parametrize("broken", [_wrong_mask_bit, _missing_prefix, _wrong_scale, _unwritten_rows],
-                         ids=["wrong-mask-bit", "missing-prefix", "wrong-scale", "unwritten-rows"])
-def test_accuracy_gate_fails_broken_candidates(broken):
-    result = _accuracy(broken)
+# Each broken candidate fails, for its reason: (problem text that must appear, cases that must fail,
+# cases that must not).
+_BROKEN = {
+    "wrong-mask-bit": (_wrong_mask_bit, "rows off by more than", {"dominant H4 T40 L60", "chain H2 T6 L0"}, set()),
+    "missing-prefix": (_missing_prefix, "rel-L2", {"random H4 T9 L20", "dominant H8 T16 L8k"}, set()),
+    "wrong-scale": (_wrong_scale, "lse: max-abs", {"random H4 T9 L20", "dominant H8 T16 L8k"}, set()),
+    "unwritten-rows": (_unwritten_rows, "unwritten (still poisoned)", {"random H4 T9 L20"}, set()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BROKEN))
+def test_accuracy_gate_fails_broken_candidates_for_their_reason(name):
+    broken, reason, must_fail, may_not_fail = _BROKEN[name]
+    result = _accuracy(_allocating(broken) if broken is _unwritten_rows else broken)
     assert result.outcome is Outcome.FAILED, result.summary
+    assert any(reason in p for p in _problems(result)), (reason, _problems(result)[:5])
+    assert must_fail <= _failed_cases(result), _failed_cases(result)
+    assert not (may_not_fail & _failed_cases(result)), _failed_cases(result)
+
+
+@pytest.mark.parametrize("broken", [_drop_tail_past_8192, _lose_split_boundary_keys],
+                         ids=["drop-tail-past-8192", "lose-split-boundary-keys"])
+def test_long_context_key_drops_slip_through_random_cases_but_fail_on_dominant_keys(broken):
+    before = _accuracy(broken, cases=LONG_RANDOM[1:] if broken is _lose_split_boundary_keys else LONG_RANDOM,
+                       structured=[], spec=_spec(**_OLD_GATE))
+    assert before.outcome is Outcome.PASSED, before.summary  # the hole: diluted below 1e-2
+    after = _accuracy(broken, cases=LONG_RANDOM, structured=CPU_STRUCTURED[:1])
+    assert after.outcome is Outcome.FAILED, after.summary
+    dominant = [f["problem"] for f in after.details["failures"] if f["case"] == "dominant H8 T16 L8k"]
+    assert any("rows off by more than 0.01 of their scale" in p for p in dominant), dominant[:3]
+
+
+def test_the_split_boundary_candidate_is_not_vacuous():
+    case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 1, "cpu")
+    splits, edges = split_edges(case["q"], case["qo_indptr"], case["kv_indptr"], case["tree_mask"],
+                                case["kv_indices"].numel())
+    assert splits > 8 and len(edges[0]) == splits - 1
+
+
+def test_dominant_key_cases_make_their_marked_keys_dominate():
+    from kdtree.kernels.cases import oracle
+    from kdtree.phases.phase1_cases import marked_positions
+
+    case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
+    _, lse = oracle(case)
+    L = case["kv_indices"].numel() - 16
+    marks = marked_positions(L, 16, 32)
+    assert L >= 8200 and L - 1 in marks and 8192 in marks and 8191 in marks
+    # a row held by 8 targets of 20 softmax units has lse ~ 20 + log 8; the random rows far less
+    assert float(lse.max()) == pytest.approx(20 + math.log(8), abs=0.2)
 
 
 def test_token_exact_gate_fails_a_backend_that_loses_its_verify_output():
