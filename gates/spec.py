@@ -68,6 +68,7 @@ class TokenExactGateSpec(GateSpecBase):
     min_exact_fraction: float = Field(1.0, ge=0, le=1)  # of prompts exact in every run
     min_op_calls_per_step: Optional[int] = Field(None, ge=1)  # in every step of every counted run
     max_accept_rel_diff: Optional[float] = Field(None, ge=0)  # |cand - ref| / ref, mean accepted
+    max_margin_fraction: Optional[float] = Field(None, gt=0)  # logit drift / greedy margin, worst row
 
 
 class SpeedupGateSpec(GateSpecBase):

@@ -14,7 +14,10 @@ run) can add, per run, the number of calls the op under test received in each st
 candidate's run (``spec.min_op_calls_per_step``: a candidate that never calls the op, or skips
 it in some step, fails) and the mean accepted length per step of the candidate and of the
 reference (``spec.max_accept_rel_diff``: a verify step that accepts fewer drafted tokens than the
-reference's saw other attention than the reference did).
+reference's saw other attention than the reference did), and how close the candidate came to
+changing a token: its largest logit deviation from the reference's on the same inputs, as a
+fraction of the reference's top-1 / top-2 margin there (``spec.max_margin_fraction``; greedy
+margins are wide, so an error can move logits far without flipping a token yet).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class RunStats:
     op_calls_per_step: Optional[Sequence[int]] = None  # op calls in each step of the candidate's run
     candidate_accepted: Optional[float] = None  # mean tokens accepted per step, candidate
     reference_accepted: Optional[float] = None  # the same for the reference
+    margin_fraction: Optional[float] = None  # worst |logit drift| / greedy margin on shared inputs
 
 
 def _tokens(seq: Any) -> list[int]:
@@ -89,8 +93,8 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
 
     Figures: ``exact_fraction`` (key, prompts exact in every run, ``>= spec.min_exact_fraction``),
     ``prompts`` (distinct, ``>= spec.min_prompts``), ``streams``, and when the spec asks for them
-    ``min_op_calls_per_step`` (fewest op calls in any step of any run that counted them) and
-    ``worst_accept_rel_diff``. Details: ``divergences`` (one row per diverging stream),
+    ``min_op_calls_per_step`` (fewest op calls in any step of any run that counted them),
+    ``worst_accept_rel_diff`` and ``worst_margin_fraction``. Details: ``divergences`` (one row per diverging stream),
     ``empty_references``, ``tokens_compared``, ``runs`` (one row per `RunStats`).
     """
     seen: set[tuple[str, str]] = set()
@@ -136,6 +140,7 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
     run_rows = []
     calls_seen: list[tuple[str, int]] = []
     accept_seen: list[tuple[str, float]] = []
+    margin_seen: list[tuple[str, float]] = []
     for r in runs:
         row: dict[str, Any] = {"run": r.run}
         if r.op_calls_per_step is not None:
@@ -149,6 +154,9 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
             row.update(candidate_accepted=float(r.candidate_accepted), reference_accepted=ref_acc,
                        accept_rel_diff=diff)
             accept_seen.append((r.run, diff))
+        if r.margin_fraction is not None:
+            row["margin_fraction"] = float(r.margin_fraction)
+            margin_seen.append((r.run, float(r.margin_fraction)))
         run_rows.append(row)
     if spec.min_op_calls_per_step is not None:
         if not calls_seen:
@@ -173,6 +181,16 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
             parts.append("mean accepted length per step differs from the reference's: " + "; ".join(
                 f"run {run!r}: {rows[run]['candidate_accepted']:.3g} vs {rows[run]['reference_accepted']:.3g} "
                 f"({d:.3g} > {spec.max_accept_rel_diff:g})" for run, d in off[:3]))
+    if spec.max_margin_fraction is not None:
+        if not margin_seen:
+            raise ValueError("spec.max_margin_fraction is set but no run compared logits with the reference")
+        worst_m = max(m for _, m in margin_seen)
+        figures.append(Figure(name="worst_margin_fraction", value=worst_m, op="<=",
+                              threshold=spec.max_margin_fraction))
+        close = [(run, m) for run, m in margin_seen if not m <= spec.max_margin_fraction]
+        if close:
+            parts.append("logits drift from the reference's by a large part of the greedy margin: " + "; ".join(
+                f"run {run!r}: {m:.3g} of the margin (> {spec.max_margin_fraction:g})" for run, m in close[:3]))
     if not parts:
         parts.append(f"{exact}/{n} prompts token-exact over {len(seen)} streams ({compared} reference tokens)")
     return verdict(spec.name, spec.kind, figures, "; ".join(parts), divergences=divergences,

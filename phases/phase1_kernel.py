@@ -46,8 +46,13 @@ SPEC = PhaseSpec(
                         "rounding scale), max-abs within 2e-2 of the output's max"),
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32,
-            min_exact_fraction=1.0,
-            description="greedy tree-verify decoding with the kernel == with the oracle, every prompt"),
+            min_exact_fraction=1.0, min_op_calls_per_step=4, max_accept_rel_diff=0.1,
+            max_margin_fraction=0.25,
+            description="greedy tree-verify decoding with the kernel == with the oracle, every prompt, "
+                        "drafted trees and decoy trees (tokens change under a wrong tree mask); the "
+                        "kernel called in every verify step (4 = the tiny model's layers); mean "
+                        "accepted length within 10 % of the oracle's; logits on the decoy step within "
+                        "1/4 of the greedy margin of the oracle's"),
         SpeedupGateSpec(
             name="speedup", requires=["cuda", "triton"], baseline="triton",
             min_median_speedup=20.0, min_each_speedup=5.0,

@@ -120,33 +120,72 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
     return run(spec, all_cases, candidate, reference, ctx, row_scale=lambda inp, exp: {"out": row_scale(inp)})
 
 
+def _token_prompts(rng, vocab: int, n: int) -> list[list[int]]:
+    """n prompts: even ones random tokens, odd ones a short motif repeated (prompt lookup drafts well)."""
+    prompts = []
+    for i in range(n):
+        length = rng.randint(4, 48)
+        motif = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
+        prompts.append([motif[j % len(motif)] if i % 2 else rng.randrange(vocab) for j in range(length)])
+    return prompts
+
+
 def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str = "cuda",
-                      drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
-    """Tree speculative decoding through `backend` vs plain greedy decoding with the oracle."""
+                      drafters=(("ddtree", 64), ("ngram", 16)), op_under_test=None,
+                      reference_backend: str = "reference", decoy_path: int = 20) -> GateResult:
+    """Tree speculative decoding through `backend` vs plain greedy decoding with the oracle, on
+    ``spec.min_prompts`` fresh prompts, per drafter; plus one verify step per prompt on a decoy tree
+    (`phase1_trees`), whose tokens change under a wrong tree mask.
+
+    `op_under_test` (default `kdtree.kernels.tree_verify_mla`) is the op whose calls are counted in
+    every verify step (`phase1_tokens.CountedBackend`); the mean accepted length per step of each
+    speculative run is held against the same run with `reference_backend`; the decoy step's logits
+    are held against the reference's on the same KV (``margin_fraction``: how close the candidate
+    came to changing a token there, as a fraction of the greedy margin).
+    """
     import random  # noqa: PLC0415
 
     from kdtree.engine import build_model, generate  # noqa: PLC0415
-    from kdtree.gates.token_exact import check_token_exact as run  # noqa: PLC0415
+    from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
+    from kdtree.phases.phase1_tokens import counted_backend, decoy_step, margin_fraction, same_length  # noqa: PLC0415
 
-    rng = random.Random(ctx.fresh_seed())
+    if op_under_test is None:
+        from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
+    seed = ctx.fresh_seed()
+    rng = random.Random(seed)
     model = build_model(None, 0, device, None)
-    vocab = model.config.vocab_size
-    prompts = []
-    for i in range(spec.min_prompts):
-        n = rng.randint(4, 48)
-        motif = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
-        prompts.append([motif[j % len(motif)] if i % 2 else rng.randrange(vocab) for j in range(n)])
-    ctx.progress("greedy decoding with the reference backend", 0.1)
-    ref = generate(prompts, model=model, drafter="none", backend="reference", max_new_tokens=spec.max_new_tokens)
-    streams = []
-    details = {}
+    prompts = _token_prompts(rng, model.config.vocab_size, spec.min_prompts)
+    ctx.progress("greedy decoding with the reference backend", 0.05)
+    greedy_new = max(spec.max_new_tokens, decoy_path + 2)
+    greedy = generate(prompts, model=model, drafter="none", backend=reference_backend, max_new_tokens=greedy_new)
+    same_length("greedy decoding", greedy.tokens, prompts)
+    ref_tokens = [t[: spec.max_new_tokens] for t in greedy.tokens]
+    streams, runs, details = [], [], {"seed": seed}
     for k, (drafter, budget) in enumerate(drafters):
-        ctx.progress(f"tree speculative decoding ({drafter}, budget {budget}) with {backend}", 0.4 + 0.3 * k)
-        cand = generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
+        label = f"{drafter}:{budget}"
+        ctx.progress(f"tree speculative decoding ({label}) with {backend} and {reference_backend}", 0.2 + 0.5 * k / len(drafters))
+        name, log = counted_backend(backend, op_under_test)
+        cand = generate(prompts, model=model, drafter=drafter, budget=budget, backend=name,
+                        max_new_tokens=spec.max_new_tokens, on_step=lambda n, log=log: log.mark_step())
+        base = generate(prompts, model=model, drafter=drafter, budget=budget, backend=reference_backend,
                         max_new_tokens=spec.max_new_tokens)
+        same_length(f"{label} speculative decoding", cand.tokens, ref_tokens)
+        streams += [Stream(f"p{i}", label, c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref_tokens))]
+        runs.append(RunStats(label, log.steps[1:], cand.mean_accepted, base.mean_accepted))  # [0]: prefill
         details[f"{drafter}_mean_accepted"] = cand.mean_accepted
-        streams += [(f"{drafter}:{i}", c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref.tokens))]
-    result = run(spec, streams, ctx)
+    ctx.progress(f"decoy verify step with {backend}", 0.8)
+    tree_seed = rng.getrandbits(31)
+    ref_step, pool = decoy_step(model, reference_backend, prompts, greedy.tokens, decoy_path, tree_seed)
+    name, log = counted_backend(backend, op_under_test)
+    cand_step, _ = decoy_step(model, name, prompts, greedy.tokens, decoy_path, tree_seed, pool=pool)
+    log.mark_step()
+    same_length("decoy verify", cand_step.tokens, ref_step.tokens)
+    want = [g[: decoy_path + 2] for g in greedy.tokens]
+    streams += [Stream(f"p{i}", "decoy", c, w) for i, (c, w) in enumerate(zip(cand_step.tokens, want))]
+    runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
+                         sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
+    details["decoy_reference_emitted"] = ref_step.emitted
+    result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)
     return result
 

@@ -154,3 +154,12 @@ def test_a_spec_asking_for_op_calls_without_counts_is_an_error():
 
     r = run_check(OPS, lambda s, ctx: check_token_exact(s, two_runs(), ctx), GateContext())
     assert r.outcome is Outcome.ERROR and "min_op_calls_per_step" in r.summary
+
+
+def test_logits_that_came_close_to_flipping_a_token_fail():
+    spec = SPEC.model_copy(update={"max_margin_fraction": 0.25})
+    ok = check_token_exact(spec, two_runs(), GateContext(), runs=[RunStats("decoy", margin_fraction=0.01)])
+    assert ok.outcome is Outcome.PASSED, ok.summary
+    bad = check_token_exact(spec, two_runs(), GateContext(), runs=[RunStats("decoy", margin_fraction=0.7)])
+    assert bad.outcome is Outcome.FAILED and not fig(bad, "worst_margin_fraction").ok
+    assert "run 'decoy': 0.7 of the margin" in bad.summary
