@@ -55,13 +55,13 @@ SPEC = PhaseSpec(
                         "1/4 of the greedy margin of the oracle's"),
         SpeedupGateSpec(
             name="speedup", requires=["cuda", "triton"], baseline="triton",
-            min_median_speedup=20.0, min_each_speedup=5.0,
+            min_median_speedup=20.0, min_each_speedup=5.0, trials=3,
             min_roofline_median=0.5, min_roofline_each=0.35,
             description="vs kdtree.kernels.triton_baseline, interleaved, over the benchmark configs; "
                         "fraction of the roofline floor reached"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
-            min_median_speedup=2.0, min_each_speedup=1.0,
+            min_median_speedup=2.0, min_each_speedup=1.0, trials=3,
             description="vs plain torch bf16 (kdtree.kernels.naive): never slower, 2x at the median"),
         MetricGateSpec(
             name="scatter", requires=["cuda"],

@@ -208,9 +208,17 @@ def _gpu_timer():
     return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
 
 
-def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
-    """Kernel vs baseline, each call timed by `_gpu_timer`, so the gate compares GPU time (host
-    enqueue time is reported per side in the details)."""
+def refresh_queries(case: dict, seed: int) -> None:
+    """New query values in place (same tensor, same shape): every output of the call changes."""
+    import torch  # noqa: PLC0415
+
+    case["q"].normal_(generator=torch.Generator(device=case["q"].device).manual_seed(seed))
+
+
+def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> GateResult:
+    """Kernel (or `candidate_fn`, same signature) vs baseline, each call timed by `_gpu_timer`, so
+    the gate compares GPU time (host enqueue time is reported per side in the details). Queries
+    are redrawn in place between timed rounds (`refresh_queries`)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case, measure_ceilings  # noqa: PLC0415
@@ -227,10 +235,12 @@ def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
     def config(H, T, B, L):
         return SpeedConfig(
             name=f"H{H} T{T} B{B} L{L // 1024}k", params={"H": H, "T": T, "B": B, "L": L},
-            make_inputs=lambda seed, device: [make_case(H, T, B, L, "scattered", pool, seed + i) for i in range(3)])
+            make_inputs=lambda seed, device: make_case(H, T, B, L, "scattered", pool, seed),
+            refresh=refresh_queries)
 
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
-    result = check_speedup(spec, configs, lambda c: tree_verify_mla(*case_args(c)),
+    op = candidate_fn or tree_verify_mla
+    result = check_speedup(spec, configs, lambda c: op(*case_args(c)),
                            lambda c: baseline_fn(*case_args(c)), ctx,
                            timer=_gpu_timer(),
                            floor_s=lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate))

@@ -348,25 +348,63 @@ _BROKEN_BUILD_SCRIPT = r"""
 import json, sys
 from kdtree.gates.base import GateContext, run_check
 from kdtree.phases import phase1_kernel
-spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 1})
+spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2})
 r = run_check(spec, phase1_kernel.CHECKS["accuracy"], GateContext(device="cuda"))
-print(json.dumps({"outcome": r.outcome.value, "summary": r.summary}))
+print(json.dumps({"outcome": r.outcome.value, "summary": r.summary,
+                  "failures": r.details.get("failures", []), "cases": r.details.get("cases", [])}))
 """
+
+# KD_BREAK bit: (name, problem text some failure must carry, a case that must fail, a case that must not)
+_CUDA_BREAKS = {
+    1: ("wrong-mask-bit", "rows off by more than", "dominant star H16 T300 L2000", None),
+    2: ("missing-prefix", "rel-L2", "H8 T4 L32k", "T1 L0 H16"),  # no prefix there to miss
+    4: ("wrong-scale", "lse: max-abs", "random H8 T16 L1000", None),
+    8: ("unwritten", "unwritten (still poisoned)", "T1024 H8 L200", None),
+}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flag", [1, 2, 4, 8], ids=["wrong-mask-bit", "missing-prefix", "wrong-scale", "unwritten"])
-def test_accuracy_gate_fails_broken_cuda_builds(flag):
+@pytest.mark.parametrize("flag", sorted(_CUDA_BREAKS), ids=[_CUDA_BREAKS[f][0] for f in sorted(_CUDA_BREAKS)])
+def test_accuracy_gate_fails_broken_cuda_builds_for_their_reason(flag):
+    _, reason, must_fail, must_pass = _CUDA_BREAKS[flag]
     env = dict(os.environ, KDTREE_NVCC_FLAGS=f"-DKD_BREAK={flag}")
     proc = subprocess.run([sys.executable, "-c", _BROKEN_BUILD_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["outcome"] == "failed", result
+    assert result["outcome"] == "failed", result["summary"]
+    problems = [f["problem"] for f in result["failures"]]
+    failed = {f["case"] for f in result["failures"]}
+    assert any(reason in p for p in problems), (reason, problems[:5])
+    assert must_fail in failed, sorted(failed)
+    if must_pass is not None:
+        assert must_pass not in failed, sorted(failed)
 
 
 @pytest.mark.gpu
 def test_accuracy_gate_passes_the_real_cuda_kernel():
-    spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 1})
+    spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2})
     result = run_check(spec, phase1_kernel.CHECKS["accuracy"], GateContext(device="cuda"))
     assert result.outcome is Outcome.PASSED, result.summary
+
+
+@pytest.mark.gpu
+def test_speed_gate_fails_a_pointer_keyed_cache_around_the_kernel():
+    from kdtree.kernels import tree_verify_mla
+
+    cache = {}
+
+    def cached(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+        key = (q.data_ptr(), tuple(q.shape), idx.data_ptr())
+        if key not in cache:
+            cache[key] = tree_verify_mla(q, kv, qo, kvp, idx, mask, scale)
+        return cache[key]
+
+    spec = phase1_kernel.SPEC.gate("speedup_naive").model_copy(update={"repeats": 5, "warmup": 1})
+    result = run_check(spec, lambda s, c: phase1_work._speed(s, c, "naive", candidate_fn=cached),
+                       GateContext(device="cuda", quick=True))
+    assert result.outcome is Outcome.FAILED, result.summary
+    rows = result.details["configs"]
+    assert all(r["status"] == "stale" for r in rows), [r["status"] for r in rows]
+    assert all(r["agree_rel_l2"] is not None and r["agree_rel_l2"] <= spec.agree_max_rel_l2 for r in rows)
+    assert "last timed call" in result.summary
