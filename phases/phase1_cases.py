@@ -61,7 +61,7 @@ def _assign_targets(L: int, T: int, H: int, parents: list[int], targets: int, rn
     rng.shuffle(cells)
     ancestors = [_ancestors(parents, t) for t in range(T)]
     prefix_cursor = 0
-    for m in marked_positions(L, T, tile):
+    for m in sorted(marked_positions(L, T, tile), key=lambda m: m < L):  # tree slots first
         if m < L:  # prefix: any row sees it
             for _ in range(len(cells)):
                 cell = cells[prefix_cursor % len(cells)]

@@ -180,11 +180,13 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     cand_step, _ = decoy_step(model, name, prompts, greedy.tokens, decoy_path, tree_seed, pool=pool)
     log.mark_step()
     same_length("decoy verify", cand_step.tokens, ref_step.tokens)
-    want = [g[: decoy_path + 2] for g in greedy.tokens]
-    streams += [Stream(f"p{i}", "decoy", c, w) for i, (c, w) in enumerate(zip(cand_step.tokens, want))]
+    # the reference is the oracle's verify step on the same trees and KV (it should accept the
+    # whole greedy path; what it did accept is in the details)
+    streams += [Stream(f"p{i}", "decoy", c, r) for i, (c, r) in enumerate(zip(cand_step.tokens, ref_step.tokens))]
     runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
                          sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
     details["decoy_reference_emitted"] = ref_step.emitted
+    details["decoy_path_len"] = decoy_path
     result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)
     return result

@@ -408,3 +408,11 @@ def test_speed_gate_fails_a_pointer_keyed_cache_around_the_kernel():
     assert all(r["status"] == "stale" for r in rows), [r["status"] for r in rows]
     assert all(r["agree_rel_l2"] is not None and r["agree_rel_l2"] <= spec.agree_max_rel_l2 for r in rows)
     assert "last timed call" in result.summary
+
+
+@pytest.mark.parametrize("name,H,reqs,kind", phase1_work.STRUCTURED_CASES, ids=[c[0] for c in phase1_work.STRUCTURED_CASES])
+def test_every_structured_case_of_the_gate_can_target_all_its_marked_keys(name, H, reqs, kind):
+    # _assign_targets raises when T x H rows cannot hold every marked key: the GPU gate would error
+    case = phase1_work._structured_inputs(H, reqs, kind, 20261203, "cpu")
+    assert case["q"].dtype == torch.bfloat16 and bool(torch.isfinite(case["q"].float()).all())
+    assert int(case["kv_indptr"][-1]) == case["kv_indices"].numel()
