@@ -177,8 +177,6 @@ def _run_trial(spec: AccuracyGateSpec, case: AccuracyCase, seed: int, mode: str,
             ref = expected[key]
             scale = scales.get(key)
             if scale is None:
-                import torch  # noqa: PLC0415, F811
-
                 scale = torch.linalg.vector_norm(ref.detach().to(torch.float64), dim=-1)
             rows = _row_errors(buf, ref, scale)
             worst = float(rows.max()) if rows.numel() else 0.0
