@@ -168,12 +168,10 @@ def _capture(fn, static_in, static_out, warmup: int):
 def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, device: str) -> tuple[float, list[str]]:
     fresh = case.make_inputs(seed, device)
     copy_into_static(static_in, fresh)
-    for buf in static_out.values():
-        poison_(buf)
+    static_poison = {key: poison_(buf) for key, buf in static_out.items()}
     graph.replay()
     eager = dict(case.make_outputs(fresh))
-    for buf in eager.values():
-        poison_(buf)
+    eager_poison = {key: poison_(buf) for key, buf in eager.items()}
     fn(fresh, eager)
     problems: list[str] = []
     worst = 0.0
@@ -182,12 +180,12 @@ def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, d
     for key, ref in eager.items():
         if key not in static_out:
             raise ValueError(f"make_outputs gave {key!r} for a fresh draw but not for the static one")
-        unwritten = int(poisoned_mask(ref).sum())
+        unwritten = int(poisoned_mask(ref, eager_poison[key]).sum())
         if unwritten or not bool(torch.isfinite(ref.to(torch.float64)).all()):
             problems.append(f"{key}: the eager call itself left {unwritten} elements unwritten or wrote NaN/Inf")
             worst = math.nan
             continue
-        cmp = compare(key, static_out[key], ref)
+        cmp = compare(key, static_out[key], ref, poison=static_poison[key])
         problems.extend(f"replay {p}" for p in cmp.problems)
         worst = cmp.rel_l2 if math.isnan(cmp.rel_l2) or math.isnan(worst) else max(worst, cmp.rel_l2)
     return worst, problems

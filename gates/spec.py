@@ -60,23 +60,31 @@ class BuildGateSpec(GateSpecBase):
 
 
 class AccuracyGateSpec(GateSpecBase):
-    """Candidate vs an independent oracle on fresh random cases, outputs poisoned first."""
+    """Candidate vs an independent oracle on fresh random cases; buffers poisoned with a fresh
+    payload, left stale or not passed at all (`kdtree.gates.accuracy`)."""
 
     kind: Literal["accuracy"] = "accuracy"
-    trials: int = Field(3, ge=1)  # fresh seeds per case
-    max_rel_l2: float = Field(1e-2, gt=0)  # ||out - ref|| / ||ref||
-    max_abs: float = Field(5e-2, gt=0)  # max |out - ref|
+    trials: int = Field(3, ge=2)  # fresh seeds per case; >= 2 so no case is seen only once
+    max_rel_l2: float = Field(1e-2, gt=0)  # ||out - ref|| / ||ref|| over a whole output
+    max_abs_rel: float = Field(2e-2, gt=0)  # max |out - ref| / max |ref|: the output's own scale
+    max_abs: Optional[float] = Field(None, gt=0)  # an absolute max |out - ref|, only where stated
+    max_row_rel: Optional[float] = Field(None, gt=0)  # per row: ||out_r - ref_r|| / the row's scale
     check_lse: bool = True
     max_lse_abs: float = Field(1e-2, gt=0)
 
 
 class TokenExactGateSpec(GateSpecBase):
-    """Two token streams (candidate, reference) per prompt must agree; first divergence reported."""
+    """Token streams (candidate, reference) per prompt and run must agree; first divergence
+    reported. Optionally the op under test must have been called in every step, and the
+    candidate's mean accepted length per step must match the reference's."""
 
     kind: Literal["token_exact"] = "token_exact"
-    min_prompts: int = Field(16, ge=1)
+    min_prompts: int = Field(16, ge=1)  # distinct prompts, whatever the number of runs over each
     max_new_tokens: int = Field(32, ge=1)
-    min_exact_fraction: float = Field(1.0, ge=0, le=1)
+    min_exact_fraction: float = Field(1.0, ge=0, le=1)  # of prompts exact in every run
+    min_op_calls_per_step: Optional[int] = Field(None, ge=1)  # in every step of every counted run
+    max_accept_rel_diff: Optional[float] = Field(None, ge=0)  # |cand - ref| / ref, mean accepted
+    max_margin_fraction: Optional[float] = Field(None, gt=0)  # logit drift / greedy margin, worst row
 
 
 class SpeedupGateSpec(GateSpecBase):
@@ -86,9 +94,10 @@ class SpeedupGateSpec(GateSpecBase):
     baseline: str
     min_median_speedup: float = Field(gt=0)  # median over the configs
     min_each_speedup: float = Field(gt=0)  # every config
+    trials: int = Field(3, ge=2)  # input sets per config, each fresh; rounds rotate among them
     warmup: int = Field(5, ge=0)
     repeats: int = Field(30, ge=3)
-    agree_max_rel_l2: float = Field(2e-2, gt=0)  # candidate vs baseline before timing counts
+    agree_max_rel_l2: float = Field(2e-2, gt=0)  # candidate vs baseline, first and last timed call
     min_roofline_median: Optional[float] = Field(None, gt=0, le=1)  # floor / measured, median
     min_roofline_each: Optional[float] = Field(None, gt=0, le=1)
     max_roofline: float = Field(1.05, gt=0)  # above the floor => a measurement error

@@ -2,9 +2,14 @@
 
 Protocol:
 
-- a config is a `SpeedConfig`: ``make_inputs(seed, device)`` returns one input set or a list of
-  them (timing rotates among the sets round by round, so caches do not flatter a call that
-  re-reads what the previous call left warm). A config may set ``skip_baseline`` with a
+- a config is a `SpeedConfig`: ``make_inputs(seed, device)`` returns one input set; the gate
+  draws ``spec.trials`` (>= 2) of them, each from a fresh seed, and timing rotates among the sets
+  round by round, so caches do not flatter a call that re-reads what the previous call left
+  warm. ``refresh(inputs, seed)`` rewrites an input set's values in place (same shapes, same
+  storage); the gate calls it before every timed round that reuses a set, so a candidate that
+  keys a cache on shapes or pointers returns what it computed for other values. Without a
+  ``refresh`` every floating-point tensor of the set is redrawn in place (`refresh_floats_`).
+  A config may set ``skip_baseline`` with a
   ``skip_reason`` (say the baseline is estimated above 2 s): it is reported, left out of the
   speedup figures, and still counted for the roofline;
 - ``candidate(inputs)`` and ``baseline(inputs)`` compute and return their outputs (a tensor or a
@@ -20,7 +25,9 @@ Protocol:
 
 Per config: agreement on every input set first (a config that disagrees is failed and its time
 does not count), then ``spec.warmup`` calls of each, then ``spec.repeats`` timed calls of each
-interleaved ``c, b, c, b, ...``. A roofline fraction (floor / candidate median) above
+interleaved ``c, b, c, b, ...`` with the inputs refreshed between rounds; then what the
+candidate's last timed call returned is held against the baseline on the inputs it was given
+(status ``stale`` when they disagree: its time does not count). A roofline fraction (floor / candidate median) above
 ``spec.max_roofline`` is an impossible measurement: the gate's outcome is ``error``.
 """
 
@@ -45,6 +52,7 @@ class SpeedConfig:
 
     name: str
     make_inputs: Callable[[int, str], Any]
+    refresh: Optional[Callable[[Any, int], None]] = None  # new values in place (module docstring)
     skip_baseline: bool = False
     skip_reason: str = ""
     params: dict[str, Any] = field(default_factory=dict)  # what the config is, for the report
@@ -70,19 +78,32 @@ def rel_l2_disagreement(candidate_out: Any, baseline_out: Any) -> float:
     return worst
 
 
-def _input_sets(made: Any) -> list[Any]:
-    sets = list(made) if isinstance(made, list) else [made]
-    if not sets:
-        raise ValueError("make_inputs returned an empty list of input sets")
-    return sets
+def refresh_floats_(inputs: Any, seed: int) -> None:
+    """Redraw every floating-point tensor of an input set in place (normal, same mean and std)."""
+    import torch  # noqa: PLC0415
+
+    for i, t in enumerate(flatten_tensors(inputs)):
+        if t.dtype.is_floating_point and t.numel():
+            gen = torch.Generator(device=t.device).manual_seed(seed + i)
+            mean, std = float(t.float().mean()), float(t.float().std()) if t.numel() > 1 else 1.0
+            t.normal_(mean, std if std > 0 else 1.0, generator=gen)
+
+
+def _input_sets(cfg: SpeedConfig, trials: int, ctx: GateContext) -> tuple[list[Any], list[int]]:
+    seeds = [ctx.fresh_seed() for _ in range(trials)]
+    sets = [cfg.make_inputs(seed, ctx.device) for seed in seeds]
+    if any(isinstance(s, list) for s in sets):
+        raise ValueError(f"{cfg.name}: make_inputs must return one input set per seed (the gate draws "
+                         f"spec.trials of them), got a list")
+    return sets, seeds
 
 
 def _time_config(spec: SpeedupGateSpec, cfg: SpeedConfig, candidate, baseline, ctx: GateContext,
                  timer: Timer, agree, floor_s) -> dict[str, Any]:
-    seed = ctx.fresh_seed()
-    sets = _input_sets(cfg.make_inputs(seed, ctx.device))
-    row: dict[str, Any] = {"config": cfg.name, "params": cfg.params, "seed": seed, "input_sets": len(sets),
-                           "status": "ok", "agree_rel_l2": None, "speedup": None, "roofline": None}
+    sets, seeds = _input_sets(cfg, spec.trials, ctx)
+    row: dict[str, Any] = {"config": cfg.name, "params": cfg.params, "seeds": seeds, "input_sets": len(sets),
+                           "status": "ok", "agree_rel_l2": None, "last_call_rel_l2": None, "speedup": None,
+                           "roofline": None}
     with_baseline = not cfg.skip_baseline
     if with_baseline:
         worst = 0.0
@@ -100,10 +121,30 @@ def _time_config(spec: SpeedupGateSpec, cfg: SpeedConfig, candidate, baseline, c
     else:
         row["status"] = "baseline skipped"
         row["message"] = f"{cfg.name}: baseline not run ({cfg.skip_reason or 'no reason given'})"
+    refresh = cfg.refresh or refresh_floats_
+    refresh_rng = ctx.fresh_seed()
+    last: dict[str, Any] = {}
+
+    def before_round(i: int) -> None:  # every set was used by the agreement check or warm-up
+        refresh(sets[i % len(sets)], (refresh_rng + i) & 0x7FFFFFFF)
+
+    def cand_call(i: int) -> Any:
+        last["out"], last["set"] = candidate(sets[i % len(sets)]), i % len(sets)
+        return last["out"]
+
     hosts: Optional[tuple[list[float], list[float]]] = ([], []) if hasattr(timer, "host_seconds") else None
-    tc, tb = interleaved(lambda i: candidate(sets[i % len(sets)]),
-                         (lambda i: baseline(sets[i % len(sets)])) if with_baseline else None,
-                         warmup=spec.warmup, repeats=spec.repeats, timer=timer, host=hosts)
+    tc, tb = interleaved(cand_call, (lambda i: baseline(sets[i % len(sets)])) if with_baseline else None,
+                         warmup=spec.warmup, repeats=spec.repeats, timer=timer, host=hosts, before=before_round)
+    last_out = clone_tensors(last["out"])
+    if with_baseline:
+        err = float(agree(last_out, baseline(sets[last["set"]])))
+        row["last_call_rel_l2"] = None if math.isnan(err) or math.isinf(err) else err
+        if not err <= spec.agree_max_rel_l2:
+            row["status"] = "stale"
+            row["message"] = (f"{cfg.name}: the candidate's last timed call disagrees with the baseline on the "
+                              f"inputs it was given (rel-L2 {err:.3g} > {spec.agree_max_rel_l2:g}; the inputs "
+                              f"were changed in place between rounds): it returned what it did not compute "
+                              f"from them (a cache keyed on shapes or pointers?); its time does not count")
     cand = Spread.of(tc)
     row["candidate"] = cand.ms()
     if with_baseline:
@@ -162,6 +203,7 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
         rows.append(_time_config(spec, cfg, candidate, baseline, ctx, timer, agree, floor_s))
 
     counted = [r for r in rows if r["status"] in ("ok", "impossible")]
+    stale = [r for r in rows if r["status"] == "stale"]
     speedups = [r["speedup"] for r in counted if r["speedup"] is not None]
     rooflines = [r["roofline"] for r in rows if r["status"] in ("ok", "baseline skipped", "impossible")
                  and r["roofline"] is not None]
@@ -172,6 +214,7 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
                threshold=spec.min_median_speedup, key=True),
         Figure(name="min_speedup", value=_agg(speedups, min), unit="x", op=">=", threshold=spec.min_each_speedup),
         Figure(name="disagreeing_configs", value=len(disagree), op="<=", threshold=0),
+        Figure(name="stale_configs", value=len(stale), op="<=", threshold=0),
         Figure(name="configs_timed", value=len(speedups)),
     ]
     if rooflines or wants_roofline:
@@ -182,9 +225,10 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
                               op=">=" if spec.min_roofline_each else None, threshold=spec.min_roofline_each))
         figures.append(Figure(name="max_roofline", value=_agg(rooflines, max), op="<=",
                               threshold=spec.max_roofline))
-    messages = [r["message"] for r in impossible + disagree + [r for r in rows if r["status"] == "baseline skipped"]]
+    messages = [r["message"] for r in impossible + stale + disagree
+                + [r for r in rows if r["status"] == "baseline skipped"]]
     details = {"configs": rows, "timer": timer_label(timer), "warmup": spec.warmup, "repeats": spec.repeats,
-               "baseline": spec.baseline}
+               "trials": spec.trials, "baseline": spec.baseline}
     for side in ("candidate", "baseline"):
         host = [r[f"{side}_host_us"] for r in rows if f"{side}_host_us" in r]
         if host:

@@ -1,9 +1,12 @@
 """Tensor helpers shared by the gates: poison output buffers, and compare an output with its reference.
 
-Poison is a bit pattern, not just "NaN": floats are filled with a NaN whose payload no arithmetic
-produces (arithmetic yields the canonical quiet NaN), so an element still holding the poison after
-the candidate ran was never written, and an element holding any other NaN was written as NaN.
-Integer outputs are filled with the dtype's most negative value (unsigned: its largest).
+Poison is drawn fresh for every buffer (`poison_` returns the `Poison` it wrote): floats are
+filled with NaNs whose sign and payload are random per element, never the payloads arithmetic
+produces (the quiet-bit-only NaN of x86 and the all-ones NaN of CUDA), so an element whose bits
+still equal the payload after the candidate ran was never written, and an element holding any
+other NaN was written as NaN. No constant is shared between two poisonings, so a candidate cannot
+recognise a gate's buffer by its content. Integer outputs are filled with the dtype's most
+negative value (unsigned: its largest).
 
 torch is imported inside the functions: importing this module costs nothing.
 """
@@ -11,27 +14,27 @@ torch is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-# NaN bit patterns with a non-canonical payload, as the signed integer of the same width.
-_FLOAT_POISON_BITS = {
-    "torch.float64": 0x7FF4DEADBEEF0BAD,
-    "torch.float32": 0x7FB0DEAD,
-    "torch.float16": 0x7D5A,
-    "torch.bfloat16": 0x7FA5,
+# (integer view, mantissa bits) of each float dtype that gets a NaN payload.
+_FLOAT_LAYOUT = {
+    "torch.float64": ("int64", 52),
+    "torch.float32": ("int32", 23),
+    "torch.float16": ("int16", 10),
+    "torch.bfloat16": ("int16", 7),
 }
-_INT_VIEW = {8: "int64", 4: "int32", 2: "int16"}
 
 
-def _poison_view(t):
-    """(integer view of ``t``, poison value in that view) or (None, None) for a plain NaN fill."""
-    import torch  # noqa: PLC0415
+@dataclass
+class Poison:
+    """What `poison_` wrote into a buffer: the integer view of the payload (floats), or the
+    integer sentinel. `poisoned_mask(t, poison)` finds the elements that still hold it."""
 
-    bits = _FLOAT_POISON_BITS.get(str(t.dtype))
-    if bits is None:
-        return None, None
-    return t.view(getattr(torch, _INT_VIEW[t.element_size()])), bits
+    bits: Any = None  # torch integer tensor, same shape as the buffer (floats with a payload)
+    sentinel: Optional[int] = None  # integer dtypes
+    nan_fill: bool = False  # float dtypes without a payload layout (fp8, ...): plain NaN
 
 
 def poison_value(dtype) -> float | int:
@@ -46,28 +49,75 @@ def poison_value(dtype) -> float | int:
     return info.min if info.min < 0 else info.max
 
 
-def poison_(t) -> None:
-    """Fill ``t`` in place with its dtype's poison (see the module docstring)."""
-    view, bits = _poison_view(t)
-    if view is not None:
-        view.fill_(bits)
-    else:
-        t.fill_(poison_value(t.dtype))
+def nan_payload_bits(shape, dtype, seed: int, device="cpu"):
+    """Random NaN bit patterns for a float dtype, as its signed integer view: per element a random
+    sign and a random non-zero mantissa other than the quiet bit alone or all ones (the NaNs
+    arithmetic makes)."""
+    import torch  # noqa: PLC0415
+
+    view, m = _FLOAT_LAYOUT[str(dtype)]
+    width = torch.iinfo(getattr(torch, view)).bits
+    gen = torch.Generator(device=device).manual_seed(seed)
+    quiet, top = 1 << (m - 1), (1 << m) - 1
+    mant = torch.randint(1, top - 1, tuple(shape), generator=gen, device=device, dtype=torch.int64)
+    mant = mant + (mant >= quiet).long()  # skips the quiet bit alone; the draw stops below all ones
+    exp_ones = ((1 << (width - 1 - m)) - 1) << m
+    sign = torch.randint(0, 2, tuple(shape), generator=gen, device=device, dtype=torch.int64)
+    bits = (exp_ones | mant) + sign * torch.iinfo(torch.int64).min if width == 64 else \
+        (exp_ones | mant) - sign * (1 << (width - 1))
+    return bits.to(getattr(torch, view))
 
 
-def poisoned_mask(t):
-    """Bool tensor: True where ``t`` still holds the poison pattern.
+def poison_(t, seed: Optional[int] = None) -> Poison:
+    """Fill ``t`` in place with a fresh poison (see the module docstring) and return it.
 
-    For float dtypes without a payload pattern (fp8, ...), any NaN counts as poisoned.
+    ``seed`` picks the payload (default: drawn from os.urandom, so no two calls agree)."""
+    import torch  # noqa: PLC0415
+
+    layout = _FLOAT_LAYOUT.get(str(t.dtype))
+    if layout is not None:
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        bits = nan_payload_bits(t.shape, t.dtype, seed, t.device)
+        t.view(getattr(torch, layout[0])).copy_(bits)
+        return Poison(bits=bits)
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(math.nan)
+        return Poison(nan_fill=True)
+    value = poison_value(t.dtype)
+    t.fill_(value)
+    return Poison(sentinel=value)
+
+
+def poisoned_mask(t, poison: Poison):
+    """Bool tensor: True where ``t`` still holds ``poison`` (what `poison_` returned for it).
+
+    For float dtypes without a payload layout (fp8, ...), any NaN counts as poisoned.
     """
     import torch  # noqa: PLC0415
 
-    view, bits = _poison_view(t)
-    if view is not None:
-        return view == bits
-    if t.dtype.is_floating_point or t.dtype.is_complex:
+    if poison.bits is not None:
+        layout = _FLOAT_LAYOUT.get(str(t.dtype))
+        if layout is None or tuple(poison.bits.shape) != tuple(t.shape):
+            raise ValueError(f"poison of shape {tuple(poison.bits.shape)} does not belong to a "
+                             f"{t.dtype} tensor of shape {tuple(t.shape)}")
+        return t.view(getattr(torch, layout[0])) == poison.bits.to(t.device)
+    if poison.nan_fill:
         return torch.isnan(t)
-    return t == poison_value(t.dtype)
+    return t == poison.sentinel
+
+
+def fill_stale_(t, scale: float, seed: int) -> None:
+    """Fill ``t`` with finite values such as a previous call might have left: normal draws of
+    standard deviation ``scale`` (integers: uniform in [0, 1000))."""
+    import torch  # noqa: PLC0415
+
+    gen = torch.Generator(device=t.device).manual_seed(seed)
+    if t.dtype.is_floating_point:
+        t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
+                * (scale if math.isfinite(scale) and scale > 0 else 1.0))
+    else:
+        t.copy_(torch.randint(0, 1000, t.shape, generator=gen, device=t.device))
 
 
 def _first_index(mask) -> tuple[int, ...]:
@@ -104,10 +154,10 @@ def _jsonable(x: float) -> Optional[float]:
     return None if (x is None or math.isnan(x) or math.isinf(x)) else float(x)
 
 
-def compare(name: str, out, ref, *, poisoned: bool = True) -> Comparison:
+def compare(name: str, out, ref, *, poison: Optional[Poison] = None) -> Comparison:
     """Compare ``out`` with ``ref`` (any dtypes; computed in float64 on ``out``'s device).
 
-    Counts elements left poisoned (when ``poisoned``), elements that are NaN/Inf where the
+    Counts elements still holding ``poison`` (when given: what `poison_` wrote), elements that are NaN/Inf where the
     reference is finite (or a different infinity where it is not), and gives rel-L2
     ``||out - ref|| / ||ref||`` and max-abs over the rest. A NaN in the reference is a broken
     oracle and raises.
@@ -118,7 +168,7 @@ def compare(name: str, out, ref, *, poisoned: bool = True) -> Comparison:
         raise ValueError(f"output {name!r}: shape {tuple(out.shape)} but the reference has {tuple(ref.shape)}")
     problems: list[str] = []
     numel = out.numel()
-    unwritten_mask = poisoned_mask(out) if poisoned else torch.zeros(out.shape, dtype=torch.bool,
+    unwritten_mask = poisoned_mask(out, poison) if poison is not None else torch.zeros(out.shape, dtype=torch.bool,
                                                                      device=out.device)
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=out.device, dtype=torch.float64)

@@ -223,9 +223,10 @@ class Spread:
 
 def interleaved(a: Callable[[int], Any], b: Callable[[int], Any] | None, *, warmup: int, repeats: int,
                 timer: Timer, host: Optional[tuple[list[float], list[float]]] = None,
-                ) -> tuple[list[float], list[float]]:
+                before: Optional[Callable[[int], Any]] = None) -> tuple[list[float], list[float]]:
     """Warm up then time ``a(i), b(i), a(i+1), b(i+1), ...``; ``i`` counts the round (to rotate
     among input sets). ``b`` may be None (only ``a`` is run). Returns the two lists of seconds.
+    ``before(i)``, when given, runs untimed before timed round ``i`` (to change the inputs).
 
     ``host``: two lists that get, call by call, the host seconds the timer recorded for ``a`` and
     for ``b`` (the last entry of its ``host_seconds``, as a `QueuedTimer` keeps)."""
@@ -245,6 +246,8 @@ def interleaved(a: Callable[[int], Any], b: Callable[[int], Any] | None, *, warm
     ta: list[float] = []
     tb: list[float] = []
     for i in range(repeats):
+        if before is not None:
+            before(i)
         ta.append(timed(a, i, 0))
         if b is not None:
             tb.append(timed(b, i, 1))

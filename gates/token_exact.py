@@ -1,17 +1,54 @@
-"""Token-exact gate: per prompt, the candidate's generated tokens must equal the reference's.
+"""Token-exact gate: per prompt and run, the candidate's generated tokens must equal the reference's.
 
-``streams`` is an iterable of ``(prompt_id, candidate_tokens, reference_tokens)``; tokens are any
-sequence of ints (a list, a tuple, a 1-D tensor). For every prompt that diverges the report
-names the first divergence: the index, both tokens there (None where a stream has ended) and both
-lengths. A prompt whose reference is empty measured nothing and counts as not exact.
+``streams`` holds one `Stream` per (prompt, run): a *run* is one way of generating over the same
+prompts (say tree speculative decoding with one drafter); tokens are any sequence of ints (a
+list, a tuple, a 1-D tensor). A plain ``(prompt_id, candidate_tokens, reference_tokens)`` tuple
+is a stream of the run ``""``. A prompt counts once however many runs cover it, and is exact only
+when it is exact in every run: ``spec.min_prompts`` counts prompts, not streams. For every
+stream that diverges the report names the first divergence: the index, both tokens there (None
+where a stream has ended) and both lengths. A stream whose reference is empty measured nothing
+and counts as not exact.
+
+Equal tokens alone do not show that the candidate produced them. ``runs`` (`RunStats`, one per
+run) can add, per run, the number of calls the op under test received in each step of the
+candidate's run (``spec.min_op_calls_per_step``: a candidate that never calls the op, or skips
+it in some step, fails) and the mean accepted length per step of the candidate and of the
+reference (``spec.max_accept_rel_diff``: a verify step that accepts fewer drafted tokens than the
+reference's saw other attention than the reference did), and how close the candidate came to
+changing a token: its largest logit deviation from the reference's on the same inputs, as a
+fraction of the reference's top-1 / top-2 margin there (``spec.max_margin_fraction``; greedy
+margins are wide, so an error can move logits far without flipping a token yet).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from kdtree.gates.base import Figure, GateContext, GateResult, verdict
 from kdtree.gates.spec import TokenExactGateSpec
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One prompt's tokens in one run, from the candidate and from the reference."""
+
+    prompt: str
+    run: str
+    candidate: Any
+    reference: Any
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What a run measured besides tokens (any field may be None: not measured)."""
+
+    run: str
+    op_calls_per_step: Optional[Sequence[int]] = None  # op calls in each step of the candidate's run
+    candidate_accepted: Optional[float] = None  # mean tokens accepted per step, candidate
+    reference_accepted: Optional[float] = None  # the same for the reference
+    margin_fraction: Optional[float] = None  # worst |logit drift| / greedy margin on shared inputs
 
 
 def _tokens(seq: Any) -> list[int]:
@@ -35,55 +72,126 @@ def first_divergence(candidate: Sequence[int], reference: Sequence[int]) -> Opti
             "candidate_len": len(candidate), "reference_len": len(reference)}
 
 
-def _describe(pid: str, d: dict[str, Any]) -> str:
-    text = f"prompt {pid}: first divergence at token {d['index']}: {d['candidate']} vs reference {d['reference']}"
+def _describe(d: dict[str, Any]) -> str:
+    where = f"prompt {d['prompt']}" + (f" ({d['run']})" if d["run"] else "")
+    text = f"{where}: first divergence at token {d['index']}: {d['candidate']} vs reference {d['reference']}"
     if d["candidate_len"] != d["reference_len"]:
         text += f" (lengths {d['candidate_len']} vs {d['reference_len']})"
     return text
 
 
-def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[tuple[Any, Any, Any]],
-                      ctx: GateContext) -> GateResult:
+def _as_stream(item: Union[Stream, tuple]) -> Stream:
+    if isinstance(item, Stream):
+        return item
+    pid, cand, ref = item
+    return Stream(str(pid), "", cand, ref)
+
+
+def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, tuple[Any, Any, Any]]],
+                      ctx: GateContext, runs: Iterable[RunStats] = ()) -> GateResult:
     """Compare every stream; see the module docstring.
 
-    Figures: ``exact_fraction`` (key, ``>= spec.min_exact_fraction``) and ``prompts``
-    (``>= spec.min_prompts``). Details: ``divergences`` (one row per diverging prompt),
-    ``empty_references``, ``tokens_compared``.
+    Figures: ``exact_fraction`` (key, prompts exact in every run, ``>= spec.min_exact_fraction``),
+    ``prompts`` (distinct, ``>= spec.min_prompts``), ``streams``, and when the spec asks for them
+    ``min_op_calls_per_step`` (fewest op calls in any step of any run that counted them),
+    ``worst_accept_rel_diff`` and ``worst_margin_fraction``. Details: ``divergences`` (one row per diverging stream),
+    ``empty_references``, ``tokens_compared``, ``runs`` (one row per `RunStats`).
     """
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     divergences: list[dict[str, Any]] = []
     empty: list[str] = []
-    n = exact = compared = 0
-    for pid, cand, ref in streams:
-        pid = str(pid)
-        if pid in seen:
-            raise ValueError(f"prompt id {pid!r} appears twice")
-        seen.add(pid)
-        cand, ref = _tokens(cand), _tokens(ref)
-        n += 1
+    prompts: dict[str, bool] = {}
+    compared = 0
+    for item in streams:
+        s = _as_stream(item)
+        key = (str(s.prompt), str(s.run))
+        if key in seen:
+            raise ValueError(f"prompt id {key[0]!r} appears twice" + (f" in run {key[1]!r}" if key[1] else ""))
+        seen.add(key)
+        cand, ref = _tokens(s.candidate), _tokens(s.reference)
         compared += len(ref)
+        ok = True
         if not ref:
-            empty.append(pid)
-            continue
-        d = first_divergence(cand, ref)
-        if d is None:
-            exact += 1
+            empty.append(key[0] + (f" ({key[1]})" if key[1] else ""))
+            ok = False
         else:
-            divergences.append({"prompt": pid, **d})
+            d = first_divergence(cand, ref)
+            if d is not None:
+                divergences.append({"prompt": key[0], "run": key[1], **d})
+                ok = False
+        prompts[key[0]] = prompts.get(key[0], True) and ok
+    n = len(prompts)
+    exact = sum(prompts.values())
     fraction = exact / n if n else float("nan")
     figures = [
         Figure(name="exact_fraction", value=fraction, op=">=", threshold=spec.min_exact_fraction, key=True),
         Figure(name="prompts", value=n, op=">=", threshold=spec.min_prompts),
+        Figure(name="streams", value=len(seen)),
     ]
     parts = []
     if n < spec.min_prompts:
         parts.append(f"only {n} prompts compared, the spec needs at least {spec.min_prompts}")
     if divergences:
-        parts.append(f"{len(divergences)} of {n} prompts diverge; "
-                     + "; ".join(_describe(d["prompt"], d) for d in divergences[:3]))
+        parts.append(f"{len(divergences)} of {len(seen)} streams diverge ({n - exact} of {n} prompts); "
+                     + "; ".join(_describe(d) for d in divergences[:3]))
     if empty:
-        parts.append(f"{len(empty)} prompts have an empty reference stream ({', '.join(empty[:5])})")
+        parts.append(f"{len(empty)} streams have an empty reference ({', '.join(empty[:5])})")
+
+    run_rows = []
+    calls_seen: list[tuple[str, int]] = []
+    accept_seen: list[tuple[str, float]] = []
+    margin_seen: list[tuple[str, float]] = []
+    for r in runs:
+        row: dict[str, Any] = {"run": r.run}
+        if r.op_calls_per_step is not None:
+            counts = [int(c) for c in r.op_calls_per_step]
+            row.update(steps=len(counts), op_calls=sum(counts), min_op_calls_per_step=min(counts) if counts else 0,
+                       steps_without_op_calls=sum(c == 0 for c in counts))
+            calls_seen.append((r.run, min(counts) if counts else 0))
+        if r.candidate_accepted is not None and r.reference_accepted is not None:
+            ref_acc = float(r.reference_accepted)
+            diff = abs(float(r.candidate_accepted) - ref_acc) / ref_acc if ref_acc > 0 else math.inf
+            row.update(candidate_accepted=float(r.candidate_accepted), reference_accepted=ref_acc,
+                       accept_rel_diff=diff)
+            accept_seen.append((r.run, diff))
+        if r.margin_fraction is not None:
+            row["margin_fraction"] = float(r.margin_fraction)
+            margin_seen.append((r.run, float(r.margin_fraction)))
+        run_rows.append(row)
+    if spec.min_op_calls_per_step is not None:
+        if not calls_seen:
+            raise ValueError("spec.min_op_calls_per_step is set but no run counted the op's calls")
+        fewest = min(c for _, c in calls_seen)
+        figures.append(Figure(name="min_op_calls_per_step", value=fewest, op=">=",
+                              threshold=spec.min_op_calls_per_step))
+        short = [(run, c) for run, c in calls_seen if c < spec.min_op_calls_per_step]
+        if short:
+            parts.append("the op under test was not called in every step: " + "; ".join(
+                f"run {run!r} had a step with {c} op calls (< {spec.min_op_calls_per_step})" for run, c in short[:3])
+                + " - its tokens did not come from the op")
+    if spec.max_accept_rel_diff is not None:
+        if not accept_seen:
+            raise ValueError("spec.max_accept_rel_diff is set but no run measured accepted lengths on both sides")
+        worst = max(d for _, d in accept_seen)
+        figures.append(Figure(name="worst_accept_rel_diff", value=worst, op="<=",
+                              threshold=spec.max_accept_rel_diff))
+        off = [(run, d) for run, d in accept_seen if not d <= spec.max_accept_rel_diff]
+        if off:
+            rows = {row["run"]: row for row in run_rows}
+            parts.append("mean accepted length per step differs from the reference's: " + "; ".join(
+                f"run {run!r}: {rows[run]['candidate_accepted']:.3g} vs {rows[run]['reference_accepted']:.3g} "
+                f"({d:.3g} > {spec.max_accept_rel_diff:g})" for run, d in off[:3]))
+    if spec.max_margin_fraction is not None:
+        if not margin_seen:
+            raise ValueError("spec.max_margin_fraction is set but no run compared logits with the reference")
+        worst_m = max(m for _, m in margin_seen)
+        figures.append(Figure(name="worst_margin_fraction", value=worst_m, op="<=",
+                              threshold=spec.max_margin_fraction))
+        close = [(run, m) for run, m in margin_seen if not m <= spec.max_margin_fraction]
+        if close:
+            parts.append("logits drift from the reference's by a large part of the greedy margin: " + "; ".join(
+                f"run {run!r}: {m:.3g} of the margin (> {spec.max_margin_fraction:g})" for run, m in close[:3]))
     if not parts:
-        parts.append(f"{exact}/{n} prompts token-exact ({compared} reference tokens)")
+        parts.append(f"{exact}/{n} prompts token-exact over {len(seen)} streams ({compared} reference tokens)")
     return verdict(spec.name, spec.kind, figures, "; ".join(parts), divergences=divergences,
-                   empty_references=empty, tokens_compared=compared, prompts=n)
+                   empty_references=empty, tokens_compared=compared, prompts=n, runs=run_rows)

@@ -30,6 +30,18 @@ ACCURACY_CASES = [
     ("B8 mixed H8", 8, list(zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])), "random"),
 ]
 
+# Structured cases (`phase1_cases.dominant_key_case`): keys that dominate their rows at the tail of
+# the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
+# at the first and last tree slot, plus rows that target a slot they must not see. Sized so that
+# T x H x 8 targets hold every marked key (about (L+T)/16 of them). L past 8192 in each.
+STRUCTURED_CASES = [
+    ("dominant H32 T16 L32k", 32, [(16, 32768)], "random"),
+    ("dominant H8 T64 B2 L9k", 8, [(64, 9000), (40, 12000)], "random"),
+    ("dominant H128 T1 L15k", 128, [(1, 15000)], "chain"),
+    ("dominant star H16 T300 L2000", 16, [(300, 2000)], "star"),
+    ("dominant mixed H16", 16, [(5, 9000), (33, 100), (1, 0)], "random"),
+]
+
 # Speed configs at L >= 32k (the targets are stated there): (H, T, B, L).
 SPEED_CONFIGS = [(8, 16, 1, 32768), (8, 64, 1, 32768), (64, 16, 1, 32768), (64, 64, 1, 32768),
                  (8, 16, 8, 32768), (64, 16, 8, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
@@ -38,10 +50,22 @@ SPEED_CONFIGS_QUICK = SPEED_CONFIGS[:4]
 SCATTER_CONFIGS = [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768), (128, 64, 1, 32768)]
 
 
+def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
+    """The requests with each prefix of 100+ keys lengthened by 0..31 keys, drawn from the seed:
+    shapes vary from trial to trial, so no shape tells a candidate it is inside the gate."""
+    return [(t, l + ((seed >> (5 * i)) % 32 if l >= 100 else 0)) for i, (t, l) in enumerate(reqs)]
+
+
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
     from kdtree.kernels.cases import make_case  # noqa: PLC0415
 
-    return make_case(H, reqs, kind, seed, device=device)
+    return make_case(H, jittered(reqs, seed), kind, seed, device=device)
+
+
+def _structured_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
+    from kdtree.phases.phase1_cases import dominant_key_case  # noqa: PLC0415
+
+    return dominant_key_case(H, jittered(reqs, seed), kind, seed, device=device)
 
 
 def check_build(spec, ctx: GateContext) -> GateResult:
@@ -57,20 +81,24 @@ def check_build(spec, ctx: GateContext) -> GateResult:
     return run(spec, compile_one, ctx)
 
 
-def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None) -> GateResult:
-    """The kernel (or `candidate_fn`, same signature) vs the fp64 oracle on ACCURACY_CASES."""
+def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, structured=None) -> GateResult:
+    """The kernel (or `candidate_fn`, same signature) vs the fp64 oracle on ACCURACY_CASES (random)
+    and STRUCTURED_CASES (dominant keys, `phase1_cases`); `cases` / `structured` replace them.
+    Per-row errors are held relative to `phase1_cases.row_scale`."""
     import torch  # noqa: PLC0415
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
     from kdtree.kernels.cases import oracle  # noqa: PLC0415
+    from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
 
     if candidate_fn is None:
         from kdtree.kernels import tree_verify_mla as candidate_fn  # noqa: PLC0415
 
-    def case(name, H, reqs, kind):
+    def case(name, H, reqs, kind, make=_kernel_inputs, label="random"):
         return AccuracyCase(
-            name=name, params={"H": H, "requests": reqs, "tree": kind},
-            make_inputs=lambda seed, device: _kernel_inputs(H, reqs, kind, seed, device),
+            name=name, params={"H": H, "requests": reqs, "tree": kind, "inputs": label},
+            may_allocate=("out",),
+            make_inputs=lambda seed, device: make(H, reqs, kind, seed, device),
             make_outputs=lambda inp: {
                 "out": torch.empty(inp["q"].shape[0], inp["q"].shape[1], 512, dtype=torch.bfloat16,
                                    device=inp["q"].device),
@@ -78,43 +106,88 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None) -> Gat
                                    device=inp["q"].device)})
 
     def candidate(inp, outs):
-        candidate_fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-                     inp["tree_mask"], inp["sm_scale"], out=outs["out"], lse=outs.get("lse"))
+        out = candidate_fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+                           inp["tree_mask"], inp["sm_scale"], out=outs.get("out"), lse=outs.get("lse"))
+        return {"out": out}
 
     def reference(inp):
         out, lse = oracle(inp)
         return {"out": out, "lse": lse}
 
-    return run(spec, [case(*c) for c in (cases or ACCURACY_CASES)], candidate, reference, ctx)
+    all_cases = [case(*c) for c in (ACCURACY_CASES if cases is None else cases)]
+    all_cases += [case(*c, make=_structured_inputs, label="dominant keys")
+                  for c in (STRUCTURED_CASES if structured is None else structured)]
+    return run(spec, all_cases, candidate, reference, ctx, row_scale=lambda inp, exp: {"out": row_scale(inp)})
+
+
+def _token_prompts(rng, vocab: int, n: int) -> list[list[int]]:
+    """n prompts: even ones random tokens, odd ones a short motif repeated (prompt lookup drafts well)."""
+    prompts = []
+    for i in range(n):
+        length = rng.randint(4, 48)
+        motif = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
+        prompts.append([motif[j % len(motif)] if i % 2 else rng.randrange(vocab) for j in range(length)])
+    return prompts
 
 
 def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str = "cuda",
-                      drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
-    """Tree speculative decoding through `backend` vs plain greedy decoding with the oracle."""
+                      drafters=(("ddtree", 64), ("ngram", 16)), op_under_test=None,
+                      reference_backend: str = "reference", decoy_path: int = 20) -> GateResult:
+    """Tree speculative decoding through `backend` vs plain greedy decoding with the oracle, on
+    ``spec.min_prompts`` fresh prompts, per drafter; plus one verify step per prompt on a decoy tree
+    (`phase1_trees`), whose tokens change under a wrong tree mask.
+
+    `op_under_test` (default `kdtree.kernels.tree_verify_mla`) is the op whose calls are counted in
+    every verify step (`phase1_tokens.CountedBackend`); the mean accepted length per step of each
+    speculative run is held against the same run with `reference_backend`; the decoy step's logits
+    are held against the reference's on the same KV (``margin_fraction``: how close the candidate
+    came to changing a token there, as a fraction of the greedy margin).
+    """
     import random  # noqa: PLC0415
 
     from kdtree.engine import build_model, generate  # noqa: PLC0415
-    from kdtree.gates.token_exact import check_token_exact as run  # noqa: PLC0415
+    from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
+    from kdtree.phases.phase1_tokens import counted_backend, decoy_step, margin_fraction, same_length  # noqa: PLC0415
 
-    rng = random.Random(ctx.fresh_seed())
+    if op_under_test is None:
+        from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
+    seed = ctx.fresh_seed()
+    rng = random.Random(seed)
     model = build_model(None, 0, device, None)
-    vocab = model.config.vocab_size
-    prompts = []
-    for i in range(spec.min_prompts):
-        n = rng.randint(4, 48)
-        motif = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
-        prompts.append([motif[j % len(motif)] if i % 2 else rng.randrange(vocab) for j in range(n)])
-    ctx.progress("greedy decoding with the reference backend", 0.1)
-    ref = generate(prompts, model=model, drafter="none", backend="reference", max_new_tokens=spec.max_new_tokens)
-    streams = []
-    details = {}
+    prompts = _token_prompts(rng, model.config.vocab_size, spec.min_prompts)
+    ctx.progress("greedy decoding with the reference backend", 0.05)
+    greedy_new = max(spec.max_new_tokens, decoy_path + 2)
+    greedy = generate(prompts, model=model, drafter="none", backend=reference_backend, max_new_tokens=greedy_new)
+    same_length("greedy decoding", greedy.tokens, prompts)
+    ref_tokens = [t[: spec.max_new_tokens] for t in greedy.tokens]
+    streams, runs, details = [], [], {"seed": seed}
     for k, (drafter, budget) in enumerate(drafters):
-        ctx.progress(f"tree speculative decoding ({drafter}, budget {budget}) with {backend}", 0.4 + 0.3 * k)
-        cand = generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
+        label = f"{drafter}:{budget}"
+        ctx.progress(f"tree speculative decoding ({label}) with {backend} and {reference_backend}", 0.2 + 0.5 * k / len(drafters))
+        name, log = counted_backend(backend, op_under_test)
+        cand = generate(prompts, model=model, drafter=drafter, budget=budget, backend=name,
+                        max_new_tokens=spec.max_new_tokens, on_step=lambda n, log=log: log.mark_step())
+        base = generate(prompts, model=model, drafter=drafter, budget=budget, backend=reference_backend,
                         max_new_tokens=spec.max_new_tokens)
+        same_length(f"{label} speculative decoding", cand.tokens, ref_tokens)
+        streams += [Stream(f"p{i}", label, c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref_tokens))]
+        runs.append(RunStats(label, log.steps[1:], cand.mean_accepted, base.mean_accepted))  # [0]: prefill
         details[f"{drafter}_mean_accepted"] = cand.mean_accepted
-        streams += [(f"{drafter}:{i}", c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref.tokens))]
-    result = run(spec, streams, ctx)
+    ctx.progress(f"decoy verify step with {backend}", 0.8)
+    tree_seed = rng.getrandbits(31)
+    ref_step, pool = decoy_step(model, reference_backend, prompts, greedy.tokens, decoy_path, tree_seed)
+    name, log = counted_backend(backend, op_under_test)
+    cand_step, _ = decoy_step(model, name, prompts, greedy.tokens, decoy_path, tree_seed, pool=pool)
+    log.mark_step()
+    same_length("decoy verify", cand_step.tokens, ref_step.tokens)
+    # the reference is the oracle's verify step on the same trees and KV (it should accept the
+    # whole greedy path; what it did accept is in the details)
+    streams += [Stream(f"p{i}", "decoy", c, r) for i, (c, r) in enumerate(zip(cand_step.tokens, ref_step.tokens))]
+    runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
+                         sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
+    details["decoy_reference_emitted"] = ref_step.emitted
+    details["decoy_path_len"] = decoy_path
+    result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)
     return result
 
@@ -137,9 +210,17 @@ def _gpu_timer():
     return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
 
 
-def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
-    """Kernel vs baseline, each call timed by `_gpu_timer`, so the gate compares GPU time (host
-    enqueue time is reported per side in the details)."""
+def refresh_queries(case: dict, seed: int) -> None:
+    """New query values in place (same tensor, same shape): every output of the call changes."""
+    import torch  # noqa: PLC0415
+
+    case["q"].normal_(generator=torch.Generator(device=case["q"].device).manual_seed(seed))
+
+
+def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> GateResult:
+    """Kernel (or `candidate_fn`, same signature) vs baseline, each call timed by `_gpu_timer`, so
+    the gate compares GPU time (host enqueue time is reported per side in the details). Queries
+    are redrawn in place between timed rounds (`refresh_queries`)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.bench import case_args, make_case, measure_ceilings  # noqa: PLC0415
@@ -156,10 +237,12 @@ def _speed(spec, ctx: GateContext, baseline_name: str) -> GateResult:
     def config(H, T, B, L):
         return SpeedConfig(
             name=f"H{H} T{T} B{B} L{L // 1024}k", params={"H": H, "T": T, "B": B, "L": L},
-            make_inputs=lambda seed, device: [make_case(H, T, B, L, "scattered", pool, seed + i) for i in range(3)])
+            make_inputs=lambda seed, device: make_case(H, T, B, L, "scattered", pool, seed),
+            refresh=refresh_queries)
 
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
-    result = check_speedup(spec, configs, lambda c: tree_verify_mla(*case_args(c)),
+    op = candidate_fn or tree_verify_mla
+    result = check_speedup(spec, configs, lambda c: op(*case_args(c)),
                            lambda c: baseline_fn(*case_args(c)), ctx,
                            timer=_gpu_timer(),
                            floor_s=lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate))

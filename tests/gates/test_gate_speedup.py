@@ -12,7 +12,7 @@ from kdtree.gates.spec import SpeedupGateSpec
 from kdtree.gates.speedup import SpeedConfig, check_speedup, perf_counter_timer, rel_l2_disagreement
 
 SPEC = SpeedupGateSpec(name="toy-speed", baseline="toy-baseline", min_median_speedup=2.0, min_each_speedup=1.5,
-                       warmup=2, repeats=5)
+                       trials=2, warmup=2, repeats=5)
 
 
 class Bench:
@@ -49,11 +49,12 @@ class Bench:
         return next(cand if who == "c" else base)
 
 
-def config(name, sets=1, cfg_id=0, **kw):
-    def make_inputs(seed, device):
+def config(name, cfg_id=0, **kw):
+    drawn = itertools.count()
+
+    def make_inputs(seed, device):  # one set per seed; "set" numbers them within the config
         g = torch.Generator().manual_seed(seed)
-        made = [{"set": cfg_id * 100 + i, "x": torch.randn(8, generator=g)} for i in range(sets)]
-        return made if sets > 1 else made[0]
+        return {"set": cfg_id * 100 + next(drawn), "x": torch.randn(8, generator=g)}
 
     return SpeedConfig(name=name, make_inputs=make_inputs, **kw)
 
@@ -76,11 +77,12 @@ def test_median_min_max_and_speedup_arithmetic():
 
 def test_calls_are_interleaved_after_agreement_and_warmup_and_rotate_input_sets():
     b = Bench()
-    check_speedup(SPEC, [config("a", sets=2)], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer)
     agreement = [("c", 0, False), ("b", 0, False), ("c", 1, False), ("b", 1, False)]
     warmup = [("c", 0, False), ("b", 0, False), ("c", 1, False), ("b", 1, False)]
     timed = [(w, i % 2, True) for i in range(5) for w in ("c", "b")]
-    assert b.calls == agreement + warmup + timed
+    last_call_check = [("b", 0, False)]  # the baseline on the inputs of the candidate's last timed call
+    assert b.calls == agreement + warmup + timed + last_call_check
 
 
 def test_median_and_min_over_configs():
@@ -203,6 +205,73 @@ def test_real_timer_runs_and_reports_spread():
     assert r.outcome is Outcome.PASSED
 
 
+class ShapeKeyedCache:
+    """A cheat: computes each shape once and returns that answer for every later call."""
+
+    def __init__(self, fn):
+        self.fn, self.cache = fn, {}
+
+    def __call__(self, inputs):
+        key = tuple(inputs["x"].shape)
+        if key not in self.cache:
+            self.cache[key] = self.fn(inputs)
+        return self.cache[key]
+
+
+class PointerKeyedCache(ShapeKeyedCache):
+    def __call__(self, inputs):
+        key = inputs["x"].data_ptr()
+        if key not in self.cache:
+            self.cache[key] = self.fn(inputs).clone()
+        return self.cache[key]
+
+
+def test_a_shape_keyed_cache_fails_on_agreement_with_two_input_sets():
+    b = Bench(cand_times=(1e-6,), base_times=(1.0,))
+    r = check_speedup(SPEC, [config("a")], ShapeKeyedCache(b.candidate), b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.FAILED
+    assert r.details["configs"][0]["status"] == "disagree" and "disagree" in r.summary
+
+
+def test_a_pointer_keyed_cache_passes_agreement_but_fails_on_its_last_timed_call():
+    b = Bench(cand_times=(1e-6,), base_times=(1.0,))
+    r = check_speedup(SPEC, [config("a")], PointerKeyedCache(b.candidate), b.baseline, GateContext(), timer=b.timer)
+    (row,) = r.details["configs"]
+    assert row["agree_rel_l2"] == 0.0  # the first call of every set is honest
+    assert row["status"] == "stale" and row["last_call_rel_l2"] > SPEC.agree_max_rel_l2
+    assert r.outcome is Outcome.FAILED and fig(r, "stale_configs").value == 1 and not fig(r, "stale_configs").ok
+    assert "last timed call" in r.summary and "changed in place" in r.summary
+    assert fig(r, "median_speedup").value is None  # its time does not count
+
+
+def test_inputs_are_refreshed_in_place_before_every_timed_round():
+    seen = []
+
+    def refresh(inputs, seed):
+        seen.append((inputs["set"], seed))
+        inputs["x"].copy_(torch.randn(8, generator=torch.Generator().manual_seed(seed)))
+
+    b = Bench()
+    r = check_speedup(SPEC, [config("a", refresh=refresh)], b.candidate, b.baseline, GateContext(), timer=b.timer)
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert [s for s, _ in seen] == [i % 2 for i in range(SPEC.repeats)]
+    assert len({seed for _, seed in seen}) == SPEC.repeats
+    assert r.details["configs"][0]["last_call_rel_l2"] == 0.0
+
+
+def test_trials_below_two_are_refused_by_the_schema():
+    with pytest.raises(ValueError, match="trials"):
+        SpeedupGateSpec(name="x", baseline="b", min_median_speedup=1, min_each_speedup=1, trials=1)
+
+
+def test_a_list_of_input_sets_is_refused():
+    b = Bench()
+    cfg = SpeedConfig("a", lambda seed, device: [{"set": 0, "x": torch.zeros(8)}])
+    r = run_check(SPEC, lambda s, ctx: check_speedup(s, [cfg], b.candidate, b.baseline, ctx, timer=b.timer),
+                  GateContext())
+    assert r.outcome is Outcome.ERROR and "one input set per seed" in r.summary
+
+
 def test_disagreement_measure():
     x = torch.ones(4)
     assert rel_l2_disagreement(x, x) == 0.0
@@ -222,10 +291,10 @@ def test_gpu_cuda_event_timer_is_the_default_on_cuda():
 
     def make_inputs(seed, device):
         g = torch.Generator().manual_seed(seed)
-        return [{"x": torch.randn(256, 256, generator=g).to(device)} for _ in range(2)]
+        return {"x": torch.randn(256, 256, generator=g).to(device)}
 
     r = check_speedup(spec, [SpeedConfig("mm", make_inputs)], lambda i: i["x"] @ i["x"],
                       lambda i: (i["x"].double() @ i["x"].double()).float(), GateContext(device="cuda"))
     assert r.details["timer"] == "cuda_event"
     assert r.outcome is Outcome.PASSED, r.summary
-    assert r.details["configs"][0]["input_sets"] == 2
+    assert r.details["configs"][0]["input_sets"] == spec.trials

@@ -37,7 +37,7 @@ def test_a_divergent_stream_fails_naming_the_first_divergence():
     assert r.outcome is Outcome.FAILED
     assert fig(r, "exact_fraction").value == 0.75
     (d,) = r.details["divergences"]
-    assert d == {"prompt": "p2", "index": 6, "candidate": 999, "reference": 8,
+    assert d == {"prompt": "p2", "run": "", "index": 6, "candidate": 999, "reference": 8,
                  "candidate_len": 10, "reference_len": 10}
     assert "prompt p2" in r.summary and "token 6" in r.summary and "999" in r.summary
 
@@ -91,3 +91,75 @@ def test_duplicate_prompt_ids_raise():
 def test_first_divergence_equal_is_none():
     assert first_divergence([1, 2], [1, 2]) is None
     assert first_divergence([1, 2, 3], [1, 2])["reference"] is None
+
+
+# -- prompts, runs, op calls and acceptance (issue 12, item 3) -------------------------------------
+from kdtree.gates.token_exact import RunStats, Stream  # noqa: E402
+
+
+def two_runs(n=4, length=10):
+    return [Stream(f"p{i}", run, list(range(i, i + length)), list(range(i, i + length)))
+            for i in range(n) for run in ("ddtree", "ngram")]
+
+
+def test_min_prompts_counts_prompts_not_streams_over_runs():
+    r = check_token_exact(SPEC.model_copy(update={"min_prompts": 8}), two_runs(n=4), GateContext())
+    assert r.outcome is Outcome.FAILED
+    assert fig(r, "prompts").value == 4 and fig(r, "streams").value == 8
+    assert "only 4 prompts compared, the spec needs at least 8" in r.summary
+
+
+def test_a_prompt_is_exact_only_if_every_run_is():
+    s = two_runs()
+    s[3] = Stream("p1", "ngram", [0] * 10, s[3].reference)
+    r = check_token_exact(SPEC, s, GateContext())
+    assert r.outcome is Outcome.FAILED and fig(r, "exact_fraction").value == 0.75
+    assert "prompt p1 (ngram): first divergence at token 0" in r.summary
+
+
+def test_the_same_prompt_in_two_runs_is_not_a_duplicate_but_twice_in_one_run_is():
+    assert check_token_exact(SPEC, two_runs(), GateContext()).outcome is Outcome.PASSED
+    with pytest.raises(ValueError, match="twice in run 'ngram'"):
+        check_token_exact(SPEC, two_runs() + [Stream("p0", "ngram", [1], [1])], GateContext())
+
+
+OPS = SPEC.model_copy(update={"min_op_calls_per_step": 4, "max_accept_rel_diff": 0.02})
+
+
+def test_op_calls_and_acceptance_pass_when_measured_and_fine():
+    runs = [RunStats("ddtree", [4, 4, 8], 3.1, 3.1), RunStats("ngram", [4, 4], 2.0, 2.0)]
+    r = check_token_exact(OPS, two_runs(), GateContext(), runs=runs)
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert fig(r, "min_op_calls_per_step").value == 4 and fig(r, "worst_accept_rel_diff").value == 0
+
+
+def test_a_candidate_that_never_calls_the_op_fails_though_its_tokens_are_exact():
+    runs = [RunStats("ddtree", [0, 0, 0], 3.1, 3.1), RunStats("ngram", [4, 4], 2.0, 2.0)]
+    r = check_token_exact(OPS, two_runs(), GateContext(), runs=runs)
+    assert r.outcome is Outcome.FAILED and fig(r, "exact_fraction").value == 1.0
+    assert not fig(r, "min_op_calls_per_step").ok
+    assert "run 'ddtree' had a step with 0 op calls" in r.summary and "did not come from the op" in r.summary
+    assert r.details["runs"][0]["steps_without_op_calls"] == 3
+
+
+def test_a_lower_acceptance_than_the_reference_fails_though_tokens_are_exact():
+    runs = [RunStats("ddtree", [4, 4], 2.2, 3.1), RunStats("ngram", [4, 4], 2.0, 2.0)]
+    r = check_token_exact(OPS, two_runs(), GateContext(), runs=runs)
+    assert r.outcome is Outcome.FAILED and not fig(r, "worst_accept_rel_diff").ok
+    assert "run 'ddtree': 2.2 vs 3.1" in r.summary
+
+
+def test_a_spec_asking_for_op_calls_without_counts_is_an_error():
+    from kdtree.gates.base import run_check
+
+    r = run_check(OPS, lambda s, ctx: check_token_exact(s, two_runs(), ctx), GateContext())
+    assert r.outcome is Outcome.ERROR and "min_op_calls_per_step" in r.summary
+
+
+def test_logits_that_came_close_to_flipping_a_token_fail():
+    spec = SPEC.model_copy(update={"max_margin_fraction": 0.25})
+    ok = check_token_exact(spec, two_runs(), GateContext(), runs=[RunStats("decoy", margin_fraction=0.01)])
+    assert ok.outcome is Outcome.PASSED, ok.summary
+    bad = check_token_exact(spec, two_runs(), GateContext(), runs=[RunStats("decoy", margin_fraction=0.7)])
+    assert bad.outcome is Outcome.FAILED and not fig(bad, "worst_margin_fraction").ok
+    assert "run 'decoy': 0.7 of the margin" in bad.summary
