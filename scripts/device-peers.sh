@@ -8,6 +8,7 @@
 # tile from the device's shared memory per SM, so the unpacked copy (in /tmp, never this repo)
 # is told 102400 B (sm_120's) instead of the H200's 233472 B: 1 stage of 16 keys, not 2 of 64.
 set -u
+# PEER_DEFAULT=0 skips the pass with FlashInfer as the H200 builds it.
 source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
 _carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
@@ -16,7 +17,7 @@ python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extra
 export FLASHINFER_JIT_VERBOSE=0 MAX_JOBS=16
 _base="$PYTHONPATH"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$_base" timeout "${3:-560}" python3 scripts/peers_bench.py \
+[ "${PEER_DEFAULT:-1}" = 1 ] && PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$_base" timeout "${3:-560}" python3 scripts/peers_bench.py \
   --out "$OUT" --shapes "${1:-issue}" --budget-s "${2:-300}" 2>&1 | tail -100
 if [ "${PEER_SM120_SMEM:-0}" = 1 ]; then
   python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-sm120')"
