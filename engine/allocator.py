@@ -55,6 +55,10 @@ class SlotAllocator(ABC):
     def is_allocated(self, slot: int) -> bool:
         return 0 <= slot < self.num_slots and bool(self._in_use[slot])
 
+    def count_allocated(self, start: int, stop: int) -> int:
+        """Allocated slots in [start, stop)."""
+        return self._in_use.count(1, max(0, start), min(stop, self.num_slots))
+
     def alloc(self, n: int) -> torch.Tensor:
         """n slot ids as int32 [n], all or nothing (PoolExhaustedError when fewer are free)."""
         if n < 0:

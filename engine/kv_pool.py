@@ -12,7 +12,7 @@ and other holders of slot ids such as a prefix cache's nodes (`register_holder`)
 
 from __future__ import annotations
 
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -89,9 +89,10 @@ class KVPool:
         """Record allocated slots as the request's next tokens."""
         ids = slots.tolist() if isinstance(slots, torch.Tensor) else [int(s) for s in slots]
         self._check_rid(rid)
-        for s in ids:
-            if not self.allocator.is_allocated(s):
-                raise ValueError(f"append: slot {s} is not allocated")
+        is_allocated = self.allocator.is_allocated
+        if not all(map(is_allocated, ids)):
+            bad = next(s for s in ids if not is_allocated(s))
+            raise ValueError(f"append: slot {bad} is not allocated")
         self.requests.append(rid, ids)
 
     def release(self, rid: int) -> None:
@@ -134,7 +135,8 @@ class KVPool:
         return owner
 
     # -- relocation -----------------------------------------------------------------------------
-    def move_tokens(self, set_index: int, key: Hashable, pos: int, new_slots: list[int]) -> int:
+    def move_tokens(self, set_index: int, key: Hashable, pos: int, new_slots: list[int],
+                    copy_rows: Optional[Callable[[list[int], list[int]], None]] = None) -> int:
         """Move tokens pos.. of one sequence into new_slots, on every store; returns rows copied.
 
         Each destination must be free or one of the moved tokens' own slots (a slide over itself
@@ -156,14 +158,15 @@ class KVPool:
         self.allocator.claim(claim)  # ValueError if a destination is held by anyone
         pairs = [(s, d) for s, d in zip(old, new_slots) if s != d]
         if pairs:
-            self._copy_rows([s for s, _ in pairs], [d for _, d in pairs])
+            (copy_rows or self.copy_rows)([s for s, _ in pairs], [d for _, d in pairs])
         seqs.rewrite(key, pos, list(new_slots))
         vacated = own.difference(new_slots)
         if vacated:
             self.allocator.free(sorted(vacated))
         return len(pairs)
 
-    def _copy_rows(self, src: list[int], dst: list[int]) -> None:
+    def copy_rows(self, src: list[int], dst: list[int]) -> None:
+        """KV rows of slots src -> slots dst on every store (gathered first: src and dst may overlap)."""
         device = self.kv[0].device
         src_t = torch.tensor(src, dtype=torch.long).to(device, non_blocking=True)
         dst_t = torch.tensor(dst, dtype=torch.long).to(device, non_blocking=True)

@@ -84,12 +84,15 @@ class UnsortedFreeListAllocator(SlotAllocator):
         self._free: list[int] = list(range(self.num_slots))
         self._head = 0  # _free[_head:] is the free list, next-to-be-allocated first
         self._released: list[int] = []
+        self.trace: Optional[list] = None  # set to a list to record ("a", n) / ("f", slots) calls
 
     @property
     def num_free(self) -> int:
         return len(self._free) - self._head + len(self._released)
 
     def _take(self, n: int) -> list[int]:
+        if self.trace is not None:
+            self.trace.append(("a", n))
         if self.need_sort and n > len(self._free) - self._head:
             self._free = sorted(self._free[self._head:] + self._released)
             self._head, self._released = 0, []
@@ -101,6 +104,8 @@ class UnsortedFreeListAllocator(SlotAllocator):
         return taken
 
     def _give_back(self, slots: list[int]) -> None:
+        if self.trace is not None:
+            self.trace.append(("f", list(slots)))
         (self._released if self.need_sort else self._free).extend(slots)
 
     def _remove_free(self, slots: list[int]) -> None:

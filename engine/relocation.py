@@ -1,0 +1,214 @@
+"""Tier 1: move live KV rows of fragmented sequences into runs, between steps, under a copy budget.
+
+A round (`Relocator.step(budget_bytes)`) looks at every sequence the pool knows (requests'
+req_to_token rows and every registered holder, e.g. a prefix cache's nodes) and proposes, per
+sequence, the move with the best expected gain — runs removed per row copied:
+
+- *slide*: the tokens from run i on move to the slots right after run i-1 (those slots must be
+  free, or be the moved tokens' own slots); runs i-1.. become one. This is what compacts a
+  speculative-decoding tail whose rejected draft slots left holes.
+- *fresh*: the tokens from run i on (i = 0: the whole sequence) move to the lowest free run
+  long enough to hold them (needs the Tier 0 allocator's free runs).
+
+Moves are applied greedily, best ratio first, each re-checked against the pool as it is by then,
+and never past the budget; a move is never split. A round rewrites every reference on the host
+and enqueues all of its copies (one gather and one scatter per store) on the current stream
+before it returns, so the next step — whose metadata is built from the maps after the round —
+reads the new slots, ordered after the copies.
+
+Slots a running or captured step can still read are pinned (`PinTable`): relocation never reads
+a pinned slot as a source, nor writes one as a destination.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Optional
+
+from kdtree.engine.kv_pool import KVPool
+
+
+class PinTable:
+    """Slots held by in-flight or captured steps, by epoch: `pin` when a step's metadata is built,
+    `retire` when the step can no longer read them (finished, or its graph dropped)."""
+
+    def __init__(self) -> None:
+        self._count: dict[int, int] = {}
+        self._epochs: dict[int, list[int]] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def pin(self, slots: Iterable[int]) -> int:
+        epoch, self._next = self._next, self._next + 1
+        held = [int(s) for s in slots]
+        self._epochs[epoch] = held
+        for s in held:
+            self._count[s] = self._count.get(s, 0) + 1
+        return epoch
+
+    def retire(self, epoch: int) -> None:
+        for s in self._epochs.pop(epoch):
+            left = self._count[s] - 1
+            if left:
+                self._count[s] = left
+            else:
+                del self._count[s]
+
+    def is_pinned(self, slot: int) -> bool:
+        return slot in self._count
+
+    def any_pinned(self, slots: Iterable[int]) -> bool:
+        count = self._count
+        return bool(count) and any(s in count for s in slots)
+
+
+@dataclass(frozen=True)
+class Move:
+    set_index: int  # which of pool.sequence_sets()
+    key: Hashable
+    pos: int  # first token moved
+    new_slots: tuple[int, ...]
+    old_slots: tuple[int, ...]  # the slots the moved tokens held when the move was planned
+    gain: int  # runs removed
+    rows: int  # rows copied (tokens whose slot changes)
+    kind: str  # "slide" | "fresh"
+
+
+@dataclass
+class RelocationRound:
+    budget_bytes: int
+    bytes_copied: int = 0
+    rows_copied: int = 0
+    runs_removed: int = 0
+    moves: list[Move] = field(default_factory=list)
+
+
+class Relocator:
+    """Plans and applies relocation rounds over one pool (see the module docstring)."""
+
+    def __init__(self, pool: KVPool, pins: Optional[PinTable] = None, max_runs_scanned: int = 64):
+        self.pool = pool
+        self.pins = pins if pins is not None else PinTable()
+        self.max_runs_scanned = max_runs_scanned
+
+    def step(self, budget_bytes: int) -> RelocationRound:
+        """One round between steps: moves chosen by gain per byte, at most budget_bytes copied."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        report = RelocationRound(budget_bytes=int(budget_bytes))
+        bps = self.pool.bytes_per_slot
+        budget_rows = self.budget_rows(budget_bytes)
+        if budget_rows < 1:
+            return report
+        proposals = [m for m in self.propose(budget_rows) if m is not None]
+        proposals.sort(key=lambda m: (-m.gain / m.rows, -m.gain))
+        src: list[int] = []
+        dst: list[int] = []
+
+        def collect(s: list[int], d: list[int]) -> None:
+            src.extend(s)
+            dst.extend(d)
+
+        for m in proposals:
+            if report.rows_copied + m.rows > budget_rows:
+                continue
+            if not self.still_valid(m):  # an earlier move took its destination: plan it again
+                m = self.best_move(m.set_index, m.key, budget_rows - report.rows_copied)
+                if m is None:
+                    continue
+            copied = self.pool.move_tokens(m.set_index, m.key, m.pos, list(m.new_slots), copy_rows=collect)
+            report.rows_copied += copied
+            report.bytes_copied += copied * bps
+            report.runs_removed += m.gain
+            report.moves.append(m)
+        if src:
+            # One gather over every store, then one scatter: a slot vacated by one move and
+            # claimed by a later one is read before it is written.
+            self.copy_rows(src, dst)
+        return report
+
+    def still_valid(self, m: Move) -> bool:
+        """The move's tokens still sit where they were planned and its destinations are still free."""
+        row = self.pool.sequence_sets()[m.set_index].slots(m.key)
+        if tuple(row[m.pos:]) != m.old_slots:
+            return False
+        start, stop = m.new_slots[0], m.new_slots[-1] + 1  # destinations are one run
+        own_inside = sum(1 for s in m.old_slots if start <= s < stop)
+        return self.pool.allocator.count_allocated(start, stop) == own_inside and \
+            not self.pins.any_pinned(m.new_slots)
+
+    def budget_rows(self, budget_bytes: int) -> int:
+        return int(budget_bytes) // self.pool.bytes_per_slot
+
+    def propose(self, budget_rows: int) -> list[Optional[Move]]:
+        return [self.best_move(i, key, budget_rows)
+                for i, seqs in enumerate(self.pool.sequence_sets())
+                for key in seqs.keys() if seqs.num_runs(key) > 1]
+
+    def copy_rows(self, src: list[int], dst: list[int]) -> None:
+        """Copy a round's rows (every store); the one place a round touches KV bytes."""
+        self.pool.copy_rows(src, dst)
+
+    # -- planning -------------------------------------------------------------------------------
+    def best_move(self, set_index: int, key: Hashable, budget_rows: int) -> Optional[Move]:
+        """The move of one sequence with the most runs removed per row copied, within budget_rows."""
+        seqs = self.pool.sequence_sets()[set_index]
+        runs, row = seqs.runs(key), seqs.slots(key)
+        k, n = len(runs), len(row)
+        if k < 2:
+            return None
+        best: Optional[Move] = None
+        pos = n
+        lowest = max(0, k - self.max_runs_scanned)
+        for i in range(k - 1, lowest - 1, -1):  # suffixes from the shortest up
+            pos -= runs[i][1]
+            suffix = row[pos:]
+            if len(suffix) > budget_rows:
+                break
+            if self.pins.any_pinned(suffix):
+                break  # every longer suffix holds these pinned slots too
+            slide = self._slide(set_index, key, runs, i, pos, suffix, k) if i >= 1 else None
+            if slide is not None:
+                best = _better(best, slide)
+            elif k - i >= 2:
+                best = _better(best, self._fresh(set_index, key, i, pos, suffix, k))
+        return best
+
+    def _slide(self, set_index, key, runs, i, pos, suffix, k) -> Optional[Move]:
+        base = runs[i - 1][0] + runs[i - 1][1]
+        stop = base + len(suffix)
+        if stop > self.pool.num_slots:
+            return None
+        own_inside = sum(1 for s in suffix if base <= s < stop)
+        if self.pool.allocator.count_allocated(base, stop) != own_inside:
+            return None  # someone else holds a slot of the window
+        window = range(base, stop)
+        if self.pins.any_pinned(window):
+            return None
+        rows = sum(1 for s, d in zip(suffix, window) if s != d)
+        if rows == 0:
+            return None
+        return Move(set_index, key, pos, tuple(window), tuple(suffix), gain=k - i, rows=rows, kind="slide")
+
+    def _fresh(self, set_index, key, i, pos, suffix, k) -> Optional[Move]:
+        free_runs = getattr(self.pool.allocator, "free_runs", None)
+        if free_runs is None:
+            return None
+        start = free_runs.first_fit(len(suffix))
+        if start is None:
+            return None
+        window = range(start, start + len(suffix))
+        if self.pins.any_pinned(window):
+            return None
+        return Move(set_index, key, pos, tuple(window), tuple(suffix), gain=k - i - 1, rows=len(suffix),
+                    kind="fresh")
+
+
+def _better(a: Optional[Move], b: Optional[Move]) -> Optional[Move]:
+    if b is None or b.gain < 1:
+        return a
+    if a is None:
+        return b
+    return b if (b.gain * a.rows, b.gain) > (a.gain * b.rows, a.gain) else a
