@@ -231,6 +231,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
         from kdtree.kernels import tree_verify_mla as kernel_fn  # noqa: PLC0415
     device = torch.device(ctx.device)
     lc = dict(LONG_CONTEXT if long_context is None else long_context)
+    step_slots = lc.pop("step_num_slots", 1 << 19)  # 61 stores of 2^19 slots: 37 GB per mode
     seed = ctx.fresh_seed()
     gen = torch.Generator().manual_seed(seed)
 
@@ -262,7 +263,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
 
     # (2) the whole step, defrag on vs off, interleaved
     ctx.progress("no_slowdown: whole steps", None)
-    step_cfg = _churn_config(ctx, **{**lc, "num_slots": lc.get("step_num_slots", 1 << 19)},
+    step_cfg = _churn_config(ctx, **{**lc, "num_slots": step_slots},
                              num_layers=layers, device=str(device), write_rows=False)
     on, off = ChurnRun(step_cfg, "tier0+1", seed), ChurnRun(step_cfg, "unsorted", seed)
     step_times = {"on": [], "off": []}
