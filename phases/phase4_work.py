@@ -70,7 +70,8 @@ def check_integrity(spec, ctx: GateContext, relocator_cls=None, trials: int = 2)
 
 
 # -- token_exact ------------------------------------------------------------------------------------
-def check_token_exact(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
+def check_token_exact(spec, ctx: GateContext, relocator_cls=None, requests: Optional[int] = None,
+                      trials: Optional[int] = None) -> GateResult:
     """Speculative decoding (self-draft trees) of requests arriving at random steps: every
     request's tokens with defrag on (Tier 0 + relocation after every step) == with it off."""
     import random  # noqa: PLC0415
@@ -80,7 +81,8 @@ def check_token_exact(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     from kdtree.engine.spec_churn import Arrival, serve  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
-    n_req, trials = (6, 1) if ctx.quick else (10, 2)
+    n_req, n_trials = (6, 1) if ctx.quick else (10, 2)
+    n_req, trials = requests or n_req, trials or n_trials
     exact = total = rows = 0
     worst_round = budget = 0
     divergences = []
@@ -135,8 +137,8 @@ def check_copy_budget(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     for _ in range(cfg.steps):
         copied.append(0)
         run.step()
-        budget = run.stats.rounds[-1].budget_bytes
         step_bytes = run.stats.step_kv_bytes[-1]
+        budget = int(cfg.copy_budget_fraction * step_bytes / 2)  # the spec's, not the relocator's word
         over.append(copied[-1] / budget if budget else (float("inf") if copied[-1] else 0.0))
         traffic.append(2 * copied[-1] / step_bytes if step_bytes else 0.0)
     return check_metric(spec, {
