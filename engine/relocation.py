@@ -7,8 +7,9 @@ sequence, the move with the best expected gain — runs removed per row copied:
 - *slide*: the tokens from run i on move to the slots right after run i-1 (those slots must be
   free, or be the moved tokens' own slots); runs i-1.. become one. This is what compacts a
   speculative-decoding tail whose rejected draft slots left holes.
-- *fresh*: the tokens from run i on (i = 0: the whole sequence) move to the lowest free run
-  long enough to hold them (needs the Tier 0 allocator's free runs).
+- *fresh*: the tokens from run i on (i = 0: the whole sequence), or runs 0..j of a sequence too
+  long to move whole, move to the lowest free run long enough to hold them (needs the Tier 0
+  allocator's free runs).
 
 Moves are applied greedily, best ratio first, each re-checked against the pool as it is by then,
 and never past the budget; a move is never split. A round rewrites every reference on the host
@@ -132,7 +133,7 @@ class Relocator:
     def still_valid(self, m: Move) -> bool:
         """The move's tokens still sit where they were planned and its destinations are still free."""
         row = self.pool.sequence_sets()[m.set_index].slots(m.key)
-        if tuple(row[m.pos:]) != m.old_slots:
+        if tuple(row[m.pos:m.pos + len(m.old_slots)]) != m.old_slots:
             return False
         start, stop = m.new_slots[0], m.new_slots[-1] + 1  # destinations are one run
         own_inside = sum(1 for s in m.old_slots if start <= s < stop)
@@ -173,7 +174,16 @@ class Relocator:
             if slide is not None:
                 best = _better(best, slide)
             elif k - i >= 2:
-                best = _better(best, self._fresh(set_index, key, i, pos, suffix, k))
+                best = _better(best, self._fresh(set_index, key, i, pos, suffix, k - i))
+        head = 0  # prefixes: runs 0..j into a fresh run, for sequences too long to move whole
+        for j in range(min(k - 1, self.max_runs_scanned)):
+            head += runs[j][1]
+            if head > budget_rows:
+                break
+            if j >= 1:
+                prefix = row[:head]
+                if not self.pins.any_pinned(prefix):
+                    best = _better(best, self._fresh(set_index, key, 0, 0, prefix, j + 1))
         return best
 
     def _slide(self, set_index, key, runs, i, pos, suffix, k) -> Optional[Move]:
@@ -192,17 +202,18 @@ class Relocator:
             return None
         return Move(set_index, key, pos, tuple(window), tuple(suffix), gain=k - i, rows=rows, kind="slide")
 
-    def _fresh(self, set_index, key, i, pos, suffix, k) -> Optional[Move]:
+    def _fresh(self, set_index, key, i, pos, tokens, runs_moved) -> Optional[Move]:
+        """`tokens` (runs_moved runs from token pos) into the lowest free run that holds them."""
         free_runs = getattr(self.pool.allocator, "free_runs", None)
         if free_runs is None:
             return None
-        start = free_runs.first_fit(len(suffix))
+        start = free_runs.first_fit(len(tokens))
         if start is None:
             return None
-        window = range(start, start + len(suffix))
+        window = range(start, start + len(tokens))
         if self.pins.any_pinned(window):
             return None
-        return Move(set_index, key, pos, tuple(window), tuple(suffix), gain=k - i - 1, rows=len(suffix),
+        return Move(set_index, key, pos, tuple(window), tuple(tokens), gain=runs_moved - 1, rows=len(tokens),
                     kind="fresh")
 
 
