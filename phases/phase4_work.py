@@ -54,11 +54,22 @@ def check_integrity(spec, ctx: GateContext, relocator_cls=None, trials: int = 2)
                         dtype=torch.bfloat16, prefix_cache_fraction=0.3, pin_fraction=0.25)
     totals = {"kv_bytes_changed": 0, "kv_slots_lost": 0, "pinned_slots_touched": 0, "rows_relocated": 0,
               "rounds_checked": 0, "sequences_checked": 0, "cache_nodes_moved": 0}
+    errors: list[str] = []
     for _ in range(trials):
         run = ChurnRun(cfg, "tier0+1", ctx.fresh_seed(), relocator_cls=relocator_cls or Relocator,
                        integrity_every=1)
         ctx.progress("integrity churn", None)
-        stats = run.run()
+        stats = run.stats
+        for _ in range(cfg.steps):
+            try:
+                run.step()
+            except ValueError as exc:
+                # A candidate that lost a slot makes the workload's own bookkeeping fail later (a
+                # double free); once a check has seen the loss that is the gate failing, not an error.
+                if not any(c["kv_slots_lost"] or c["kv_bytes_changed"] for c in stats.integrity):
+                    raise
+                errors.append(f"{type(exc).__name__}: {exc}")
+                break
         for check in stats.integrity:
             for k in ("kv_bytes_changed", "kv_slots_lost", "pinned_slots_touched", "sequences_checked"):
                 totals[k] += check[k]
@@ -66,7 +77,7 @@ def check_integrity(spec, ctx: GateContext, relocator_cls=None, trials: int = 2)
         totals["rows_relocated"] += sum(r.rows_copied for r in stats.rounds)
         totals["cache_nodes_moved"] += sum(1 for r in stats.rounds for m in r.moves if m.set_index == 1)
     return check_metric(spec, totals, ctx, details={"trials": trials, "steps": cfg.steps,
-                                                    "num_slots": cfg.num_slots})
+                                                    "num_slots": cfg.num_slots, "workload_errors": errors})
 
 
 # -- token_exact ------------------------------------------------------------------------------------
