@@ -203,22 +203,27 @@ def check_contiguity(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
 
 
 # -- no_slowdown (GPU) ------------------------------------------------------------------------------
-def _verify_inputs(pool_tensor, slot_lists, q, masks, device):
+def _verify_inputs(pool_tensor, run_lists, q, masks, device):
+    """Op-contract inputs for requests given as (start, length) runs in token order: the runs go
+    to the device (a few bytes) and are expanded there; each request's last TREE_NODES tokens
+    are its tree."""
     import math  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
 
     from kdtree.engine.run_metadata import expand_runs  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import request_runs_tensors  # noqa: PLC0415
 
-    starts, lens, total = request_runs_tensors(slot_lists, device)
-    kv_indices = expand_runs(starts, lens, total)
+    flat = [r for runs in run_lists for r in runs]
+    lens = [sum(n for _, n in runs) for runs in run_lists]
+    host = torch.tensor([[s for s, _ in flat], [n for _, n in flat]], dtype=torch.int32)
+    starts, run_lens = host.to(device, non_blocking=True)
+    kv_indices = expand_runs(starts, run_lens, sum(lens))
     T = TREE_NODES
-    qo = torch.arange(0, T * (len(slot_lists) + 1), T, dtype=torch.int32, device=device)
-    kvp = torch.tensor([0] + [sum(len(s) for s in slot_lists[:b + 1]) for b in range(len(slot_lists))],
-                       dtype=torch.int32, device=device)
-    return dict(q=q, kv_cache=pool_tensor, qo_indptr=qo, kv_indptr=kvp, kv_indices=kv_indices,
-                tree_mask=masks, sm_scale=1.0 / math.sqrt(192.0))
+    qo = torch.arange(0, T * (len(run_lists) + 1), T, dtype=torch.int32)
+    kvp = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    kvp[1:] = torch.tensor(lens).cumsum(0)
+    return dict(q=q, kv_cache=pool_tensor, qo_indptr=qo.to(device), kv_indptr=kvp.to(device),
+                kv_indices=kv_indices, tree_mask=masks, sm_scale=1.0 / math.sqrt(192.0))
 
 
 def _call(fn, case, out=None):
@@ -262,7 +267,8 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
             pools[m][torch.tensor(layouts[m][b], device=device, dtype=torch.long)] = content
     q = torch.randn(TREE_NODES * len(live), KERNEL_HEADS, 576, generator=gen).to(torch.bfloat16).to(device)
     masks = pack_tree_masks([[-1] + list(range(TREE_NODES - 1))] * len(live)).to(device)
-    cases = {m: _verify_inputs(pools[m], layouts[m], q, masks, device) for m in layouts}
+    run_lists = {m: [r.pool.requests.runs(k) for k in live] for m, r in runs.items()}
+    cases = {m: _verify_inputs(pools[m], run_lists[m], q, masks, device) for m in layouts}
     outs = {m: _call(kernel_fn, c) for m, c in cases.items()}
     agree = float((outs["unsorted"].float() - outs["tier0+1"].float()).abs().max())
     timer = _timer(device)
@@ -331,9 +337,9 @@ def _timed_step(run, kernel_fn, q, masks, device) -> float:
     t0 = time.perf_counter()
     run.step(relocate=False)
     live = run.pool.requests.keys()[:q.shape[0] // TREE_NODES]
-    slot_lists = [run.pool.requests.slots(k) for k in live]
-    if len(slot_lists) * TREE_NODES == q.shape[0]:
-        case = _verify_inputs(run.pool.kv[0], slot_lists, q, masks, device)
+    run_lists = [run.pool.requests.runs(k) for k in live]  # kept incrementally: no O(L) host work
+    if len(run_lists) * TREE_NODES == q.shape[0]:
+        case = _verify_inputs(run.pool.kv[0], run_lists, q, masks, device)
         out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=device)
         for store in run.pool.kv:
             case["kv_cache"] = store
