@@ -154,56 +154,79 @@ class Relocator:
 
     # -- planning -------------------------------------------------------------------------------
     def best_move(self, set_index: int, key: Hashable, budget_rows: int) -> Optional[Move]:
-        """The move of one sequence with the most runs removed per row copied, within budget_rows."""
+        """The move of one sequence with the most runs removed per row copied, within budget_rows.
+
+        Candidates are scored from the runs alone (no per-slot work); only the chosen one builds
+        its slot lists, and free runs are looked up only for the best-scoring fresh candidates.
+        """
         seqs = self.pool.sequence_sets()[set_index]
         runs, row = seqs.runs(key), seqs.slots(key)
         k, n = len(runs), len(row)
         if k < 2:
             return None
-        best: Optional[Move] = None
+        pinned = len(self.pins) > 0
+        best_slide = None  # (gain, rows, i, pos, base)
+        fresh = []  # (gain / rows, gain, rows, pos, length)
         pos = n
         lowest = max(0, k - self.max_runs_scanned)
         for i in range(k - 1, lowest - 1, -1):  # suffixes from the shortest up
             pos -= runs[i][1]
-            suffix = row[pos:]
-            if len(suffix) > budget_rows:
+            length = n - pos
+            if length > budget_rows:
                 break
-            if self.pins.any_pinned(suffix):
+            if pinned and self.pins.any_pinned(row[pos:]):
                 break  # every longer suffix holds these pinned slots too
-            slide = self._slide(set_index, key, runs, i, pos, suffix, k) if i >= 1 else None
+            slide = self._score_slide(runs, i, pos, length) if i >= 1 else None
             if slide is not None:
-                best = _better(best, slide)
+                gain, rows, base = slide
+                if best_slide is None or (gain * best_slide[1], gain) > (best_slide[0] * rows, best_slide[0]):
+                    best_slide = (gain, rows, i, pos, base)
             elif k - i >= 2:
-                best = _better(best, self._fresh(set_index, key, i, pos, suffix, k - i))
+                fresh.append(((k - i - 1) / length, k - i - 1, length, pos, length))
         head = 0  # prefixes: runs 0..j into a fresh run, for sequences too long to move whole
         for j in range(min(k - 1, self.max_runs_scanned)):
             head += runs[j][1]
             if head > budget_rows:
                 break
             if j >= 1:
-                prefix = row[:head]
-                if not self.pins.any_pinned(prefix):
-                    best = _better(best, self._fresh(set_index, key, 0, 0, prefix, j + 1))
+                fresh.append((j / head, j, head, 0, head))
+        best: Optional[Move] = None
+        if best_slide is not None:
+            gain, rows, i, pos, base = best_slide
+            best = Move(set_index, key, pos, tuple(range(base, base + n - pos)), tuple(row[pos:]),
+                        gain=gain, rows=rows, kind="slide")
+        fresh.sort(reverse=True)
+        for _, gain, rows, pos, length in fresh[:3]:
+            if best is not None and gain * best.rows <= best.gain * rows:
+                break
+            move = self._fresh(set_index, key, pos, row[pos:pos + length], gain)
+            if move is not None:
+                best = move
+                break
         return best
 
-    def _slide(self, set_index, key, runs, i, pos, suffix, k) -> Optional[Move]:
+    def _score_slide(self, runs, i, pos, length):
+        """(gain, rows, base) of sliding runs i.. to just after run i-1, or None if blocked."""
         base = runs[i - 1][0] + runs[i - 1][1]
-        stop = base + len(suffix)
+        stop = base + length
         if stop > self.pool.num_slots:
             return None
-        own_inside = sum(1 for s in suffix if base <= s < stop)
+        own_inside = identity = 0
+        p = pos
+        for start, run_len in runs[i:]:
+            own_inside += max(0, min(start + run_len, stop) - max(start, base))
+            if start == base + (p - pos):
+                identity += run_len
+            p += run_len
         if self.pool.allocator.count_allocated(base, stop) != own_inside:
             return None  # someone else holds a slot of the window
-        window = range(base, stop)
-        if self.pins.any_pinned(window):
+        if len(self.pins) and self.pins.any_pinned(range(base, stop)):
             return None
-        rows = sum(1 for s, d in zip(suffix, window) if s != d)
-        if rows == 0:
-            return None
-        return Move(set_index, key, pos, tuple(window), tuple(suffix), gain=k - i, rows=rows, kind="slide")
+        rows = length - identity
+        return (len(runs) - i, rows, base) if rows else None
 
-    def _fresh(self, set_index, key, i, pos, tokens, runs_moved) -> Optional[Move]:
-        """`tokens` (runs_moved runs from token pos) into the lowest free run that holds them."""
+    def _fresh(self, set_index, key, pos, tokens, gain) -> Optional[Move]:
+        """`tokens` (from token pos; `gain` runs removed) into the lowest free run that holds them."""
         free_runs = getattr(self.pool.allocator, "free_runs", None)
         if free_runs is None:
             return None
@@ -213,8 +236,7 @@ class Relocator:
         window = range(start, start + len(tokens))
         if self.pins.any_pinned(window):
             return None
-        return Move(set_index, key, pos, tuple(window), tuple(tokens), gain=runs_moved - 1, rows=len(tokens),
-                    kind="fresh")
+        return Move(set_index, key, pos, tuple(window), tuple(tokens), gain=gain, rows=len(tokens), kind="fresh")
 
 
 def _better(a: Optional[Move], b: Optional[Move]) -> Optional[Move]:
