@@ -78,6 +78,11 @@ class FreeRuns:
         if length < 1 or i < 0 or end > self._ends[i]:
             raise ValueError(f"remove_range: [{start}, {end}) is not inside one free run")
         rs, re = self._starts[i], self._ends[i]
+        if rs < start and end == re:  # the run's tail: shrink it in place
+            self._resize(rs, start - rs)
+            self._ends[i] = start
+            self.num_free -= length
+            return
         self._delete_run(i)
         if rs < start:
             self._insert_run(rs, start)
@@ -92,14 +97,33 @@ class FreeRuns:
         i = bisect_left(self._starts, start)
         if i > 0 and self._ends[i - 1] > start or i < len(self._starts) and self._starts[i] < end:
             raise ValueError(f"add_range: [{start}, {end}) overlaps a free run (double free?)")
-        if i > 0 and self._ends[i - 1] == start:
+        joins_prev = i > 0 and self._ends[i - 1] == start
+        joins_next = i < len(self._starts) and self._starts[i] == end
+        if joins_prev and not joins_next:  # extend the previous run in place (no list shifts)
+            prev = self._starts[i - 1]
+            self._resize(prev, self._length_of[prev] + length)
+            self._ends[i - 1] = end
+            self.num_free += length
+            return
+        if joins_prev:
             start = self._starts[i - 1]
             self._delete_run(i - 1)
             i -= 1
-        if i < len(self._starts) and self._starts[i] == end:
+        if joins_next:
             end = self._ends[i]
             self._delete_run(i)
         self._insert_run(start, end)
+
+    def _resize(self, start: int, new_length: int) -> None:
+        old = self._length_of[start]
+        self._length_of[start] = new_length
+        a, b = _size_class(old), _size_class(new_length)
+        if a != b:
+            bucket = self._by_class[a]
+            del bucket[bisect_left(bucket, start)]
+            if not bucket:
+                del self._by_class[a]
+            insort(self._by_class.setdefault(b, []), start)
 
     def add_slots(self, slots: list[int]) -> None:
         """Free a list of slot ids (any order; they are grouped into runs first)."""

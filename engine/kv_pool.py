@@ -90,7 +90,10 @@ class KVPool:
         ids = slots.tolist() if isinstance(slots, torch.Tensor) else [int(s) for s in slots]
         self._check_rid(rid)
         is_allocated = self.allocator.is_allocated
-        if not all(map(is_allocated, ids)):
+        contiguous = len(ids) > 8 and ids[-1] - ids[0] == len(ids) - 1 and ids == list(range(ids[0], ids[-1] + 1))
+        if contiguous and 0 <= ids[0] and self.allocator.count_allocated(ids[0], ids[-1] + 1) == len(ids):
+            pass
+        elif not all(map(is_allocated, ids)):
             bad = next(s for s in ids if not is_allocated(s))
             raise ValueError(f"append: slot {bad} is not allocated")
         self.requests.append(rid, ids)

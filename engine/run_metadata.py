@@ -78,6 +78,12 @@ class SlotSequences:
 
 
 def _extend_runs(runs: list[list[int]], slots: list[int]) -> None:
+    if len(slots) > 8 and slots[-1] - slots[0] == len(slots) - 1 and slots == list(range(slots[0], slots[-1] + 1)):
+        if runs and runs[-1][0] + runs[-1][1] == slots[0]:  # one run (a prompt, a grown tail)
+            runs[-1][1] += len(slots)
+        else:
+            runs.append([slots[0], len(slots)])
+        return
     for s in slots:
         if runs and runs[-1][0] + runs[-1][1] == s:
             runs[-1][1] += 1
