@@ -316,8 +316,8 @@ def check_integrity(run: ChurnRun) -> dict:
                 lost += abs(got.shape[0] - want.shape[0])
                 n = min(got.shape[0], want.shape[0])
                 got, want = got[:n], want[:n]
-            diff = (got.view(torch.uint8) != want.view(torch.uint8))
-            changed += int(diff.sum())
+            if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                changed += int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
             checked += 1
     return {"kv_bytes_changed": changed, "kv_slots_lost": lost, "sequences_checked": checked,
             "row_bytes": width_bytes}

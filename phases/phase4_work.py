@@ -19,7 +19,7 @@ from kdtree.gates.base import GateContext, GateResult
 SCALE = {"full": dict(num_slots=1 << 20, live_requests=256, steps=100),
          "quick": dict(num_slots=1 << 17, live_requests=48, steps=40, prompt_len=(128, 1536),
                        new_tokens=(32, 384))}
-INTEGRITY = {"full": dict(num_slots=32768, live_requests=24, steps=120, prompt_len=(64, 1024),
+INTEGRITY = {"full": dict(num_slots=32768, live_requests=24, steps=80, prompt_len=(64, 1024),
                           new_tokens=(32, 256)),
              "quick": dict(num_slots=8192, live_requests=10, steps=40, prompt_len=(32, 384),
                            new_tokens=(16, 128))}
