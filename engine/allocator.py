@@ -1,8 +1,11 @@
 """Slot allocators for the page_size=1 KV token pool.
 
-`SlotAllocator` is the interface the pool uses; phase 4 swaps in a sorted free list and claims
-specific slots when it relocates live KV (`claim`). The allocator only knows which slots are
-free; which slot holds which token lives in the pool's req_to_token map.
+`SlotAllocator` is the interface the pool uses. `FreeListAllocator` is a LIFO free list (what
+fragments); `SortedRunAllocator` is phase 4's Tier 0: free slots kept as sorted runs, a new
+allocation served from the lowest run that fits, and a request's allocation grown in place after
+its last slot where that slot is free (`alloc_after`). Relocation claims specific slots (`claim`).
+The allocator only knows which slots are free; which slot holds which token lives in the pool's
+req_to_token map. SGLang's page_size=1 scheme, the baseline, is `kdtree.engine.sglang_allocator_model`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from abc import ABC, abstractmethod
 from typing import Iterable
 
 import torch
+
+from kdtree.engine.free_runs import FreeRuns, runs_of_sorted
 
 
 class PoolExhaustedError(RuntimeError):
@@ -49,6 +54,10 @@ class SlotAllocator(ABC):
 
     def is_allocated(self, slot: int) -> bool:
         return 0 <= slot < self.num_slots and bool(self._in_use[slot])
+
+    def count_allocated(self, start: int, stop: int) -> int:
+        """Allocated slots in [start, stop)."""
+        return self._in_use.count(1, max(0, start), min(stop, self.num_slots))
 
     def alloc(self, n: int) -> torch.Tensor:
         """n slot ids as int32 [n], all or nothing (PoolExhaustedError when fewer are free)."""
@@ -115,3 +124,100 @@ class FreeListAllocator(SlotAllocator):
     def free_slots(self) -> list[int]:
         """The free list, next-to-be-allocated first."""
         return self._free[::-1]
+
+
+class SortedRunAllocator(SlotAllocator):
+    """Tier 0: free slots as sorted merged runs (`kdtree.engine.free_runs.FreeRuns`).
+
+    ``alloc(n)`` takes the lowest run of at least n slots; when no run is that long it takes the
+    largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
+    the free slots directly after `last` (growing the caller's last run), then falls back to
+    ``alloc``. Frees merge with their neighbours, so a freed request's run comes back whole.
+    """
+
+    def __init__(self, num_slots: int):
+        super().__init__(num_slots)
+        self._runs = FreeRuns(self.num_slots)
+
+    @property
+    def num_free(self) -> int:
+        return self._runs.num_free
+
+    @property
+    def free_runs(self) -> FreeRuns:
+        """The free runs (read only: change them through alloc/free/claim)."""
+        return self._runs
+
+    def alloc(self, n: int) -> torch.Tensor:
+        return torch.tensor(self.alloc_list(n), dtype=torch.int32)
+
+    def alloc_list(self, n: int) -> list[int]:
+        """alloc(n) as a Python list (the engine's bookkeeping is host lists)."""
+        if n < 0:
+            raise ValueError(f"alloc: n must be >= 0, got {n}")
+        if n > self.num_free:
+            raise PoolExhaustedError(f"KV pool exhausted: asked for {n} slots, {self.num_free} of "
+                                     f"{self.num_slots} are free")
+        out: list[int] = []
+        while len(out) < n:
+            want = n - len(out)
+            start = self._runs.first_fit(want)
+            length = want
+            if start is None:  # no run is long enough: the largest one, whole
+                start, length = max(self._runs.runs(), key=lambda r: (r[1], -r[0]))
+            self._take_range(start, length, out)
+        return out
+
+    def alloc_after(self, last: int, n: int) -> list[int]:
+        """n slots, as many as are free directly after slot `last` first (-1: no last slot)."""
+        if n < 0:
+            raise ValueError(f"alloc_after: n must be >= 0, got {n}")
+        if n > self.num_free:
+            raise PoolExhaustedError(f"KV pool exhausted: asked for {n} slots, {self.num_free} of "
+                                     f"{self.num_slots} are free")
+        out: list[int] = []
+        if last >= 0:
+            grow = min(n, self._runs.run_at(last + 1))
+            if grow:
+                self._take_range(last + 1, grow, out)
+        if len(out) < n:
+            out.extend(self.alloc_list(n - len(out)))
+        return out
+
+    def free(self, slots) -> None:
+        ids = slots.tolist() if isinstance(slots, torch.Tensor) else [int(s) for s in slots]
+        if not ids:
+            return
+        ordered = sorted(ids)
+        if ordered[0] < 0 or ordered[-1] >= self.num_slots:
+            bad = ordered[0] if ordered[0] < 0 else ordered[-1]
+            raise ValueError(f"free: slot {bad} is not in this pool (0..{self.num_slots - 1})")
+        if any(a == b for a, b in zip(ordered, ordered[1:])):
+            raise ValueError(f"free: slot ids repeat in one call: {ids[:16]}")
+        runs = runs_of_sorted(ordered)
+        for start, length in runs:
+            if self._in_use.count(0, start, start + length):
+                first = next(s for s in range(start, start + length) if not self._in_use[s])
+                raise ValueError(f"free: slot {first} is not allocated (double free?)")
+        for start, length in runs:
+            self._in_use[start:start + length] = bytes(length)
+            self._runs.add_range(start, length)
+
+    def free_slots(self) -> list[int]:
+        """Every free slot id, ascending."""
+        return [s for start, length in self._runs.runs() for s in range(start, start + length)]
+
+    def _take_range(self, start: int, length: int, out: list[int]) -> None:
+        self._runs.remove_range(start, length)
+        self._in_use[start:start + length] = b"\x01" * length
+        out.extend(range(start, start + length))
+
+    def _take(self, n: int) -> list[int]:
+        raise AssertionError("SortedRunAllocator overrides alloc")
+
+    def _give_back(self, slots: list[int]) -> None:
+        raise AssertionError("SortedRunAllocator overrides free")
+
+    def _remove_free(self, slots: list[int]) -> None:
+        for start, length in runs_of_sorted(sorted(slots)):
+            self._runs.remove_range(start, length)

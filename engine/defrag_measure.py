@@ -1,0 +1,113 @@
+"""What contiguity buys, measured: request layouts after churn, offload / hand-off copies, run metadata.
+
+- `churn_layouts`: the same churn workload in several allocator modes; the live requests (same
+  ids, same lengths in every mode) and their slot lists at the end.
+- `copy_out_and_back`: one request's KV (every store) copied out of the pool into a host buffer
+  and back into its slots, by a gather (index_select into a staging buffer, one copy) or by one
+  copy per run; wall time to completion (the device is synchronised), the median of `repeats`.
+- `expand_seconds`: the runs -> kv_indices expansion a run-length metadata path would add to a
+  verify step, timed on the device the runs live on.
+- `releasable_tail`: the free run at the top of the pool, which a VMM-backed pool could unmap.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from kdtree.engine.churn import ChurnConfig, ChurnRun
+from kdtree.engine.run_metadata import expand_runs, runs_of
+
+
+def churn_layouts(cfg: ChurnConfig, seed: int, modes: Sequence[str],
+                  trace_unsorted: bool = False) -> dict[str, ChurnRun]:
+    """One finished ChurnRun per mode, same seed (so the same requests are live in each)."""
+    runs = {}
+    for mode in modes:
+        run = ChurnRun(cfg, mode, seed, trace=trace_unsorted and mode == "unsorted")
+        run.run()
+        runs[mode] = run
+    lives = [sorted(r.pool.requests.keys()) for r in runs.values()]
+    if any(live != lives[0] for live in lives):
+        raise AssertionError("churn modes ended with different live requests; the workload is not "
+                             "independent of the allocator")
+    return runs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def host_buffer(rows: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host buffer for offload: pinned when the pool is on a GPU."""
+    return torch.empty(rows, width, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def copy_out_and_back(stores: Sequence[torch.Tensor], slots: list[int], method: str,
+                      repeats: int = 10) -> float:
+    """Seconds to copy one request's rows (every store) to the host and back, median of repeats."""
+    device = stores[0].device
+    n, width = len(slots), stores[0].shape[1]
+    hosts = [host_buffer(n, width, s.dtype, device) for s in stores]
+    if method == "gather":
+        idx = torch.tensor(slots, dtype=torch.long, device=device)
+        staging = torch.empty(n, width, dtype=stores[0].dtype, device=device)
+
+        def go() -> None:
+            for store, host in zip(stores, hosts):
+                torch.index_select(store, 0, idx, out=staging)
+                host.copy_(staging, non_blocking=True)
+                staging.copy_(host, non_blocking=True)
+                store.index_copy_(0, idx, staging)
+    elif method == "runs":
+        runs = runs_of(slots)
+
+        def go() -> None:
+            for store, host in zip(stores, hosts):
+                pos = 0
+                for start, length in runs:
+                    host[pos:pos + length].copy_(store[start:start + length], non_blocking=True)
+                    pos += length
+                pos = 0
+                for start, length in runs:
+                    store[start:start + length].copy_(host[pos:pos + length], non_blocking=True)
+                    pos += length
+    else:
+        raise ValueError(f"method must be 'gather' or 'runs', got {method!r}")
+    return _median_seconds(go, device, repeats)
+
+
+def request_runs_tensors(slot_lists: Sequence[list[int]], device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(run starts, run lengths, total tokens) of a batch, flattened in request order, on device."""
+    runs = [r for slots in slot_lists for r in runs_of(slots)]
+    starts = torch.tensor([s for s, _ in runs], dtype=torch.int32, device=device)
+    lens = torch.tensor([n for _, n in runs], dtype=torch.int32, device=device)
+    return starts, lens, sum(len(s) for s in slot_lists)
+
+
+def expand_seconds(starts: torch.Tensor, lens: torch.Tensor, total: int, repeats: int = 50) -> float:
+    """Median seconds of one runs -> kv_indices expansion (to completion)."""
+    return _median_seconds(lambda: expand_runs(starts, lens, total), starts.device, repeats)
+
+
+def releasable_tail(run: ChurnRun) -> int:
+    """Slots in the free run that ends at the top of the pool (0 if the last slot is in use)."""
+    alloc = run.pool.allocator
+    return alloc.num_slots - 1 - alloc._in_use.rfind(1)

@@ -1,0 +1,176 @@
+"""Phase 4's gates bound to this project: they pass on the real defrag and fail, for the stated
+reason, on broken relocations (one that drops a row, one that forgets to update the map, one that
+copies past its budget, one that does nothing). GPU gates skip on CPU with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdtree.engine.relocation import Relocator
+from kdtree.gates.base import GateContext, Outcome, run_check
+from kdtree.phases import phase4_defrag, phase4_work
+
+SMALL_SCALE = dict(num_slots=1 << 14, live_requests=12, steps=30, prompt_len=(64, 512), new_tokens=(16, 192))
+SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16, 192), new_tokens=(8, 64))
+
+
+@pytest.fixture(autouse=True)
+def small_sizes(monkeypatch):
+    monkeypatch.setitem(phase4_work.SCALE, "quick", SMALL_SCALE)
+    monkeypatch.setitem(phase4_work.INTEGRITY, "quick", SMALL_INTEGRITY)
+
+
+def _ctx():
+    return GateContext(device="cpu", quick=True)
+
+
+def _run(name, **kw):
+    spec = phase4_defrag.SPEC.gate(name)
+    return run_check(spec, lambda s, c: phase4_defrag.CHECKS[name](s, c, **kw), _ctx())
+
+
+def _figure(result, name):
+    return next(f.value for f in result.figures if f.name == name)
+
+
+class DropsARow(Relocator):
+    """Copies every row of a round but the last."""
+
+    def copy_rows(self, src, dst):
+        super().copy_rows(src[:-1], dst[:-1])
+
+
+class ForgetsTheMap(Relocator):
+    """Copies the rows and moves the allocation, but leaves every map pointing at the old slots."""
+
+    def step(self, budget_bytes):
+        sets = self.pool.sequence_sets()
+        for seqs in sets:
+            seqs.rewrite = lambda *a, **k: None
+        try:
+            return super().step(budget_bytes)
+        finally:
+            for seqs in sets:
+                del seqs.rewrite
+
+
+class OverBudget(Relocator):
+    """Plans as if the budget were ten times larger."""
+
+    def budget_rows(self, budget_bytes):
+        return 10 * super().budget_rows(budget_bytes)
+
+
+class DoesNothing(Relocator):
+    def step(self, budget_bytes):
+        return super().step(0)
+
+
+def test_spec_lists_the_issue_gates_and_every_gate_has_a_check():
+    names = [g.name for g in phase4_defrag.SPEC.gates]
+    assert names == ["integrity", "token_exact", "copy_budget", "contiguity", "no_slowdown", "benefit"]
+    assert set(phase4_defrag.CHECKS) == set(names)
+    for gate, targets in phase4_defrag.TARGETS.items():
+        assert gate in names and targets
+
+
+def test_integrity_passes_on_the_real_relocation():
+    r = _run("integrity", trials=1)
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert _figure(r, "rows_relocated") > 0 and _figure(r, "rounds_checked") == SMALL_INTEGRITY["steps"]
+
+
+def test_integrity_fails_when_a_row_is_dropped():
+    r = _run("integrity", relocator_cls=DropsARow, trials=1)
+    assert r.outcome is Outcome.FAILED
+    assert _figure(r, "kv_bytes_changed") > 0
+    assert "kv_bytes_changed" in r.summary
+
+
+def test_integrity_fails_when_the_map_is_not_updated():
+    r = _run("integrity", relocator_cls=ForgetsTheMap, trials=1)
+    assert r.outcome is Outcome.FAILED
+    assert _figure(r, "kv_slots_lost") > 0  # the maps point at slots the allocator freed
+    assert "kv_slots_lost" in r.summary
+
+
+def test_copy_budget_passes_and_fails_when_the_budget_is_exceeded():
+    good = _run("copy_budget")
+    assert good.outcome is Outcome.PASSED, good.summary
+    assert _figure(good, "max_step_copy_over_budget") <= 1.0
+    bad = _run("copy_budget", relocator_cls=OverBudget)
+    assert bad.outcome is Outcome.FAILED
+    assert _figure(bad, "max_step_copy_over_budget") > 1.0
+    assert "max_step_copy_over_budget" in bad.summary
+
+
+def test_contiguity_fails_when_relocation_does_nothing():
+    r = _run("contiguity", relocator_cls=DoesNothing)
+    assert r.outcome is Outcome.FAILED
+    assert _figure(r, "run_reduction_tier01") < 10
+    assert _figure(r, "runs_per_request_tier01") == _figure(r, "runs_per_request_tier0")
+
+
+def test_contiguity_records_every_mode_and_the_sglang_model_cost():
+    r = _run("contiguity")
+    assert r.outcome in (Outcome.PASSED, Outcome.FAILED)  # the small workload may fall short of 10x
+    for name in ("unsorted", "sglang_sorted", "tier0", "tier01"):
+        assert _figure(r, f"runs_per_request_{name}") >= 1
+    assert _figure(r, "runs_per_request_tier01") < _figure(r, "runs_per_request_unsorted")
+    assert _figure(r, "alloc_us_per_step_sglang_model") > 0
+
+
+@pytest.mark.slow
+def test_token_exact_passes_with_defrag_and_fails_when_a_row_is_dropped():
+    good = _run("token_exact", requests=4, trials=1)
+    assert good.outcome is Outcome.PASSED, good.summary
+    assert _figure(good, "rows_relocated") > 0
+    bad = _run("token_exact", relocator_cls=ForgetsTheMap, requests=4, trials=1)
+    assert bad.outcome in (Outcome.FAILED, Outcome.ERROR)
+    if bad.outcome is Outcome.FAILED:
+        assert _figure(bad, "exact_fraction") < 1.0
+        assert bad.details["divergences"]
+
+
+def test_benefit_records_the_cpu_fallback_and_every_figure():
+    lc = dict(num_slots=1 << 13, live_requests=4, prompt_len=(1024, 1024), new_tokens=(32, 128), steps=20)
+    r = _run("benefit", long_context=lc, repeats=2)
+    assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary
+    assert _figure(r, "measured_on_gpu") == 0 and "CPU" in r.details["fallback"]
+    assert _figure(r, "metadata_runs_bytes_defragmented") < _figure(r, "metadata_indices_bytes")
+    assert _figure(r, "runs_per_request_defragmented") < _figure(r, "runs_per_request_fragmented")
+
+
+def test_no_slowdown_skips_on_cpu_with_the_reason():
+    r = run_check(phase4_defrag.SPEC.gate("no_slowdown"), phase4_defrag.CHECKS["no_slowdown"],
+                  GateContext(device="cpu", requested_device="cpu"))
+    assert r.outcome is Outcome.SKIPPED and "--device cpu" in r.reason
+
+
+def test_no_slowdown_logic_on_cpu_with_the_torch_kernel():
+    from kdtree.kernels.naive import tree_verify_mla_naive
+
+    lc = dict(num_slots=1 << 12, live_requests=2, prompt_len=(128, 128), new_tokens=(16, 64), steps=6,
+              step_num_slots=1 << 12)
+    spec = phase4_defrag.SPEC.gate("no_slowdown").model_copy(update={"requires": []})
+    r = run_check(spec, lambda s, c: phase4_work.check_no_slowdown(
+        s, c, kernel_fn=tree_verify_mla_naive, layers=2, long_context=lc, repeats=3), _ctx())
+    assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
+    assert _figure(r, "kernel_outputs_max_abs_diff") == 0  # same KV, same order: identical output
+    assert _figure(r, "runs_per_request_defragmented") <= _figure(r, "runs_per_request_fragmented")
+
+
+@pytest.mark.gpu
+def test_no_slowdown_on_the_gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    lc = dict(num_slots=1 << 18, live_requests=8, prompt_len=(8192, 8192), new_tokens=(64, 512), steps=30,
+              step_num_slots=1 << 17)
+    spec = phase4_defrag.SPEC.gate("no_slowdown")
+    r = run_check(spec, lambda s, c: phase4_work.check_no_slowdown(s, c, layers=8, long_context=lc, repeats=10),
+                  GateContext(device="cuda"))
+    assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
+    assert _figure(r, "kernel_outputs_max_abs_diff") <= 1e-2  # same KV in token order: same output
+    assert _figure(r, "runs_per_request_defragmented") < _figure(r, "runs_per_request_fragmented")
