@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -91,6 +91,51 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
     return checked
 
 
+def decode_loop(runner: Runner, requests: list[Request], spec, budget: int,
+                on_step: Optional[Callable[[int], None]] = None, release: bool = True) -> "DecodeStats":
+    """Decode every request to its max_new_tokens: plain greedy (spec None) or tree-speculative
+    with drafter `spec`. release: free each request's slots when it is done (False keeps them,
+    e.g. to fork a state)."""
+    accepted_per_step: list[float] = []
+    emitted_total = request_steps = 0
+    active = [r for r in requests if not r.done]
+    while active:
+        if spec is None:
+            emitted = runner.decode_step(active)
+        else:
+            trees = spec.propose(active, budget, runner)
+            for r, tree in zip(active, trees):
+                if len(tree) > budget:
+                    raise ValueError(f"drafter {spec.name!r} proposed a tree of {len(tree)} nodes for request "
+                                     f"{r.rid}, over the budget of {budget}")
+            emitted = runner.verify_step(active, trees)
+        accepted_per_step.append(sum(emitted) / len(emitted))
+        emitted_total += sum(emitted)
+        request_steps += len(emitted)
+        kept = 0
+        for r, n in zip(active, emitted):
+            over = max(0, len(r.output) - r.max_new_tokens)
+            kept += n - over
+            if r.done:
+                del r.output[r.max_new_tokens:]
+                if release:
+                    runner.release(r.rid)
+        if on_step:
+            on_step(kept)
+        active = [r for r in active if not r.done]
+    return DecodeStats(accepted_per_step, emitted_total, request_steps)
+
+
+class DecodeStats(NamedTuple):
+    accepted_per_step: list[float]  # tokens emitted per active request, per step
+    emitted: int  # tokens emitted over all steps and requests
+    request_steps: int  # sum over steps of the requests active in it
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.emitted / self.request_steps if self.request_steps else 1.0
+
+
 def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = None,
              config: Optional[ModelConfig] = None, drafter: str = "none", budget: int = 16,
              backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
@@ -138,41 +183,16 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
     runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk)
     requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
-    accepted_per_step: list[float] = []
-    emitted_total = request_steps = 0
-
     start = time.perf_counter()
     runner.prefill(requests)  # its argmax reads the logits on the host: the device is done here
     prefill_s = time.perf_counter() - start
     if on_step:
         on_step(len(requests))
-    active = [r for r in requests if not r.done]
     for r in requests:
         if r.done:
             runner.release(r.rid)
-    while active:
-        if spec is None:
-            emitted = runner.decode_step(active)
-        else:
-            trees = spec.propose(active, budget, runner)
-            for r, tree in zip(active, trees):
-                if len(tree) > budget:
-                    raise ValueError(f"drafter {drafter!r} proposed a tree of {len(tree)} nodes for request "
-                                     f"{r.rid}, over the budget of {budget}")
-            emitted = runner.verify_step(active, trees)
-        accepted_per_step.append(sum(emitted) / len(emitted))
-        emitted_total += sum(emitted)
-        request_steps += len(emitted)
-        kept = 0
-        for r, n in zip(active, emitted):
-            over = max(0, len(r.output) - r.max_new_tokens)
-            kept += n - over
-            if r.done:
-                del r.output[r.max_new_tokens:]
-                runner.release(r.rid)
-        if on_step:
-            on_step(kept)
-        active = [r for r in active if not r.done]
+    stats = decode_loop(runner, [r for r in requests if not r.done], spec, budget, on_step, release=True)
+    accepted_per_step = stats.accepted_per_step
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     wall = time.perf_counter() - start
@@ -182,7 +202,7 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     later = sum(map(len, tokens)) - len(tokens)
     return GenerationResult(
         tokens=tokens, accepted_per_step=accepted_per_step,
-        mean_accepted=emitted_total / request_steps if request_steps else 1.0,
+        mean_accepted=stats.mean_accepted,
         tokens_per_s=sum(map(len, tokens)) / wall if wall > 0 else float("inf"),
         steps=len(accepted_per_step), wall_s=wall, prefill_s=prefill_s,
         decode_tokens_per_s=later / decode_s if decode_s > 0 and later else float("nan"),

@@ -77,7 +77,7 @@ PRESETS: dict[str, ModelConfig] = {
     # weights build in seconds. q_lora_rank is left None: the margin circuit needs it (it
     # changes the query projection only, not the attention's shape).
     "dsv3-tp8": ModelConfig(hidden_size=7168, num_layers=8, num_heads=16, intermediate_size=2304,
-                            vocab_size=32768, max_position_embeddings=139264),
+                            vocab_size=8192, max_position_embeddings=139264),
 }
 
 
