@@ -96,10 +96,10 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
 
 # -- sglang_parity -------------------------------------------------------------------------------
 def sglang_extend_attention():
-    """SGLang's own ``extend_attention_fwd`` (from the installed sglang wheel), or the ImportError."""
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: PLC0415
+    """(SGLang's own ``extend_attention_fwd`` from the installed wheel, how it was loaded), or ImportError."""
+    from kdtree.integrations.sglang.sglang_kernels import load_extend_attention  # noqa: PLC0415
 
-    return extend_attention_fwd
+    return load_extend_attention()
 
 
 def sglang_triton_verify(fx: dict[str, Any], extend_attention_fwd) -> Any:
@@ -154,9 +154,10 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
     from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
     from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
 
+    loaded = "a reference passed in"
     if reference is None:
         try:
-            extend = sglang_extend_attention()
+            extend, loaded = sglang_extend_attention()
         except Exception as err:  # noqa: BLE001 - any import failure means SGLang is not usable here
             return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.SKIPPED,
                               reason=f"SGLang's extend_attention_fwd cannot be imported: {type(err).__name__}: {err}",
@@ -199,7 +200,9 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
             result[:] = float("nan")  # non-finite padded rows fail the case
         outs["out"].copy_(result)
 
-    return run(spec, [case(*c) for c in cases], candidate, oracle, ctx)
+    result = run(spec, [case(*c) for c in cases], candidate, oracle, ctx)
+    result.details["sglang_kernel_loaded_from"] = loaded
+    return result
 
 
 # -- verify_speedup ------------------------------------------------------------------------------

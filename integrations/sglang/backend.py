@@ -98,6 +98,8 @@ def make_backend_class(parent: type) -> type:
 
         #: the op; tests on the CPU swap in the reference (same signature)
         verify_op = None
+        #: layer calls served by the kernel, over all instances (the GPU kit test reads it)
+        kd_kernel_calls = 0
 
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
@@ -156,6 +158,7 @@ def make_backend_class(parent: type) -> type:
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
                                               sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
             self.kd_last_route = ("kernel", "MLA target verify")
+            type(self).kd_kernel_calls += 1
             if save_kv_cache:  # the draft tokens' latent goes into the pool first, as the parent writes it
                 loc = parent_module.KVWriteLoc.for_batch(
                     forward_batch, swa_loc=getattr(self.forward_metadata, "swa_out_cache_loc", None))
