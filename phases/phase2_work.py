@@ -136,6 +136,12 @@ PARITY_CASES = [  # (name, H, prefix lens, tree size, tree kind, mask dtype, qo 
 ]
 
 
+def _out_like(q):
+    import torch  # noqa: PLC0415
+
+    return torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
+
+
 def _prefix_lens(spec_name: str, rng: random.Random) -> list[int]:
     count = int(spec_name[-1])
     if spec_name.startswith("long"):
@@ -184,13 +190,13 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
             name=name, make_inputs=make_inputs,
             params={"H": H, "N": N, "tree": kind, "mask": mask, "qo_indptr": qo, "ancestor_closed": closed,
                     "padded_requests": padded},
-            make_outputs=lambda fx: {"out": real(fx, torch.empty_like(fx["q"][..., :512]))})
+            make_outputs=lambda fx: {"out": real(fx, _out_like(fx["q"]))})
 
     def oracle(fx):
         return {"out": real(fx, reference(dict(fx, pool=fx["pool_for_reference"])))}
 
     def candidate(fx, outs):
-        full = torch.empty_like(fx["q"][..., :512])
+        full = _out_like(fx["q"])
         rows = outs["out"].shape[0]
         full[:rows] = outs["out"]  # the gate's poison: a row the backend leaves unwritten stays poisoned
         full[rows:] = float("nan")
@@ -293,9 +299,11 @@ def step_breakdown(setup: VerifySetup, name: str, repeats: int = 10) -> dict[str
 
 def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16, tree: int = TREE_BUDGET,
                        repeats: int = 20, device: str = "cuda") -> dict[str, float]:
-    """The SGLang converter's GPU time against one kernel call on the same verify batch (CUDA events)."""
+    """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
+    each call queued behind a busy-wait); the converter's eager time (host launch included) too."""
     import torch  # noqa: PLC0415
 
+    from kdtree.gates.timing import cuda_event_timer  # noqa: PLC0415
     from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
     from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
@@ -306,30 +314,22 @@ def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16,
     pool = fx["pool"].view(-1, 576)
     out = torch.empty(fx["q"].shape[0], heads, 512, dtype=torch.bfloat16, device=device)
 
-    def kernel():
-        m = conv.convert(*args)
-        return m
+    meta = conv.convert(*args)
 
-    meta = kernel()
-
-    def timed(fn):
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
+    def run_kernel():
+        tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
+                        fx["sm_scale"], out=out)
 
     for _ in range(3):
         conv.convert(*args)
-        tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask, fx["sm_scale"], out=out)
-    conv_ms = timed(lambda: conv.convert(*args))
-    kern_ms = timed(lambda: tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices,
-                                            meta.tree_mask, fx["sm_scale"], out=out))
-    return {"converter_ms": conv_ms, "kernel_ms": kern_ms, "fraction": conv_ms / kern_ms}
+        run_kernel()
+    gpu = cuda_event_timer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
+    eager = cuda_event_timer()  # host launch time included, as an eager step pays it
+    conv_ms = statistics.median(gpu(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    kern_ms = statistics.median(gpu(run_kernel) for _ in range(repeats)) * 1e3
+    conv_eager_ms = statistics.median(eager(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    return {"converter_ms": conv_ms, "kernel_ms": kern_ms, "fraction": conv_ms / kern_ms,
+            "converter_eager_ms": conv_eager_ms, "eager_fraction": conv_eager_ms / kern_ms}
 
 
 def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, contexts=VERIFY_CONTEXTS,
