@@ -1,4 +1,8 @@
-"""Demo: ``python -m kdtree.engine generate`` prints greedy / tree-speculative generations."""
+"""Demo: ``python -m kdtree.engine generate`` prints greedy / tree-speculative generations.
+
+Exit codes: 0 done, 1 the run failed (a kernel that could not be built, the KV pool exhausted),
+2 bad arguments (unknown device or backend, a backend this machine cannot run, bad prompt ids).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,12 @@ import random
 import click
 
 from kdtree.engine.backends import known_backends
+from kdtree.engine.config import PRESETS
 from kdtree.engine.drafters import DRAFTER_NAMES
 
 
-def _prompts(prompt_ids: str | None, seed: int, batch: int, vocab: int) -> list[list[int]]:
+def _prompts(prompt_ids: str | None, seed: int, batch: int, vocab: int,
+             prompt_len: int | None = None) -> list[list[int]]:
     if prompt_ids:
         try:
             base = [int(t) for t in prompt_ids.split(",") if t.strip()]
@@ -24,7 +30,7 @@ def _prompts(prompt_ids: str | None, seed: int, batch: int, vocab: int) -> list[
     rng = random.Random(seed)
     prompts = []
     for b in range(batch):
-        length = rng.randint(4, 48)
+        length = prompt_len if prompt_len else rng.randint(4, 48)
         if b % 2:  # every other prompt repeats a motif, so prompt lookup has something to find
             motif = [rng.randrange(vocab) for _ in range(rng.randint(3, 8))]
             prompts.append((motif * length)[:length])
@@ -33,47 +39,69 @@ def _prompts(prompt_ids: str | None, seed: int, batch: int, vocab: int) -> list[
     return prompts
 
 
-@click.group()
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=CONTEXT)
 def main() -> None:
     """kdtree-engine demo."""
 
 
-@main.command()
+@main.command(context_settings=CONTEXT)
 @click.option("--prompt-ids", default=None, help="comma-separated prompt token ids, e.g. 5,17,17,3")
+@click.option("--prompt-len", default=None, type=click.IntRange(1), help="length of the random prompts "
+              "(default: 4-48 tokens each)")
 @click.option("--seed", default=0, show_default=True, help="seed of the random prompts (and the model)")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 256), help="number of prompts")
 @click.option("--drafter", default="ddtree", show_default=True, type=click.Choice(list(DRAFTER_NAMES)))
 @click.option("--budget", default=64, show_default=True, type=click.IntRange(1, 1024), help="tree nodes per request")
-@click.option("--backend", default="torch", show_default=True, type=click.Choice(known_backends()))
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--backend", default="torch", show_default=True, type=click.Choice(known_backends()),
+              help="attention: kernel (alias cuda) = the owned CUDA kernel, triton = today's engines, "
+                   "torch / reference on any device")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N")
 @click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 4096))
-@click.option("--preset", "preset_name", default="tiny", show_default=True, help="model size")
+@click.option("--preset", "preset_name", default="tiny", show_default=True,
+              type=click.Choice(sorted(PRESETS)), help="model size")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a report")
-def generate(prompt_ids, seed, batch, drafter, budget, backend, device, max_new_tokens, preset_name, as_json):
+def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, device, max_new_tokens, preset_name,
+             as_json):
     """Generate greedily (--drafter none) or with tree speculative decoding."""
     from rich.console import Console  # noqa: PLC0415 - keep `--help` fast
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-    from kdtree.engine.api import build_model, generate as run_generate  # noqa: PLC0415
+    from kdtree.engine.api import build_model, check_device, generate as run_generate  # noqa: PLC0415
+    from kdtree.engine.backends import get_backend  # noqa: PLC0415
     from kdtree.engine.config import preset  # noqa: PLC0415
 
+    err = Console(stderr=True)
     try:
+        dev = check_device(device)
+        if get_backend(backend).requires_cuda and dev.type != "cuda":
+            raise click.BadParameter(f"backend {backend!r} runs on CUDA devices only; add --device cuda, or "
+                                     "use --backend torch or reference on the CPU", param_hint="--backend")
         cfg = preset(preset_name)
-        prompts = _prompts(prompt_ids, seed, batch, cfg.vocab_size)
-        model = build_model(cfg, seed=seed, device=device)
+        prompts = _prompts(prompt_ids, seed, batch, cfg.vocab_size, prompt_len)
         total = len(prompts) * max_new_tokens
         if as_json:
+            model = build_model(cfg, seed=seed, device=dev)
             result = run_generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
                                   max_new_tokens=max_new_tokens)
         else:
-            with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          transient=True) as bar:
-                task = bar.add_task("tokens", total=total)
+            with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=err, transient=True) as bar:
+                task = bar.add_task(f"building the {preset_name} model on {dev}", total=total)
+                model = build_model(cfg, seed=seed, device=dev)
+                bar.update(task, description=f"prefill + decoding ({backend}, {drafter})")
                 result = run_generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
                                       max_new_tokens=max_new_tokens,
                                       on_step=lambda n: bar.advance(task, n))
-    except ValueError as err:
-        raise click.UsageError(str(err)) from err
+    except click.ClickException:
+        raise
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except (RuntimeError, OSError) as exc:  # a kernel that cannot be built or loaded, the pool exhausted
+        err.print(f"[red]error:[/] {exc}")
+        raise SystemExit(1) from exc
 
     if as_json:
         payload = result.to_dict()
@@ -82,11 +110,13 @@ def generate(prompt_ids, seed, batch, drafter, budget, backend, device, max_new_
         return
     console = Console(soft_wrap=True)
     for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
-        console.print(f"[bold]request {i}[/] prompt ({len(prompt)}): {prompt}")
+        shown = prompt if len(prompt) <= 64 else f"{prompt[:32]} ... {prompt[-8:]}"
+        console.print(f"[bold]request {i}[/] prompt ({len(prompt)}): {shown}")
         console.print(f"  new ({len(tokens)}): [green]{tokens}[/]")
     console.print(f"drafter [bold]{drafter}[/] budget {budget} backend {backend} on {result.device} "
                   f"({result.dtype}): {result.steps} steps, mean accepted length "
-                  f"[bold]{result.mean_accepted:.2f}[/] tokens/step, {result.tokens_per_s:.1f} tokens/s")
+                  f"[bold]{result.mean_accepted:.2f}[/] tokens/step, {result.tokens_per_s:.1f} tokens/s "
+                  f"(prefill {result.prefill_s:.2f} s, then [bold]{result.decode_tokens_per_s:.1f}[/] tokens/s)")
 
 
 if __name__ == "__main__":

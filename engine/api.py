@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -28,6 +28,8 @@ class GenerationResult:
     tokens_per_s: float  # new tokens of all requests / wall time (prefill included)
     steps: int  # decode/verify steps after prefill
     wall_s: float
+    prefill_s: float  # of wall_s: prefill (the first token of every request)
+    decode_tokens_per_s: float  # tokens after each request's first / the time after prefill
     drafter: str
     budget: int
     backend: str
@@ -43,9 +45,31 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def check_device(device) -> torch.device:
+    """`device` as a torch.device this process can use; ValueError saying what is wrong otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device name torch knows (use 'cpu', 'cuda' or "
+                         f"'cuda:N')") from err
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise ValueError(f"device {device!r}: this torch build ({torch.__version__}) has no CUDA "
+                             "support; install a CUDA build of torch or use --device cpu")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: no CUDA GPU is visible (torch.cuda.is_available() is "
+                             "False); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r}: the engine runs on 'cpu' or 'cuda' devices only")
+    return dev
+
+
 def build_model(config: Optional[ModelConfig] = None, seed: int = 0, device: str | torch.device = "cpu",
                 dtype: Optional[torch.dtype] = None) -> MLAModel:
     """The seeded MLA model (config defaults to the 'tiny' preset), in eval mode on `device`."""
+    device = check_device(device)
     config = preset("tiny") if config is None else config
     model = MLAModel(config)
     init_weights(model, seed)
@@ -67,11 +91,56 @@ def _check_prompts(prompts, vocab_size: int) -> list[list[int]]:
     return checked
 
 
+def decode_loop(runner: Runner, requests: list[Request], spec, budget: int,
+                on_step: Optional[Callable[[int], None]] = None, release: bool = True) -> "DecodeStats":
+    """Decode every request to its max_new_tokens: plain greedy (spec None) or tree-speculative
+    with drafter `spec`. release: free each request's slots when it is done (False keeps them,
+    e.g. to fork a state)."""
+    accepted_per_step: list[float] = []
+    emitted_total = request_steps = 0
+    active = [r for r in requests if not r.done]
+    while active:
+        if spec is None:
+            emitted = runner.decode_step(active)
+        else:
+            trees = spec.propose(active, budget, runner)
+            for r, tree in zip(active, trees):
+                if len(tree) > budget:
+                    raise ValueError(f"drafter {spec.name!r} proposed a tree of {len(tree)} nodes for request "
+                                     f"{r.rid}, over the budget of {budget}")
+            emitted = runner.verify_step(active, trees)
+        accepted_per_step.append(sum(emitted) / len(emitted))
+        emitted_total += sum(emitted)
+        request_steps += len(emitted)
+        kept = 0
+        for r, n in zip(active, emitted):
+            over = max(0, len(r.output) - r.max_new_tokens)
+            kept += n - over
+            if r.done:
+                del r.output[r.max_new_tokens:]
+                if release:
+                    runner.release(r.rid)
+        if on_step:
+            on_step(kept)
+        active = [r for r in active if not r.done]
+    return DecodeStats(accepted_per_step, emitted_total, request_steps)
+
+
+class DecodeStats(NamedTuple):
+    accepted_per_step: list[float]  # tokens emitted per active request, per step
+    emitted: int  # tokens emitted over all steps and requests
+    request_steps: int  # sum over steps of the requests active in it
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.emitted / self.request_steps if self.request_steps else 1.0
+
+
 def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = None,
              config: Optional[ModelConfig] = None, drafter: str = "none", budget: int = 16,
              backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
              max_new_tokens: int = 32, seed: int = 0, pool_slots: Optional[int] = None,
-             on_step: Optional[Callable[[int], None]] = None) -> GenerationResult:
+             on_step: Optional[Callable[[int], None]] = None, prefill_chunk: int = 8192) -> GenerationResult:
     """Greedy generation for a batch of prompts, plain (drafter='none') or tree-speculative.
 
     model: a built `MLAModel` (its device and dtype win); else one is built from `config`
@@ -80,6 +149,7 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     root included (1..1024). backend: an attention backend name (`kdtree.engine.backends`).
     pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
     on_step(n): called after prefill and each step with the number of new tokens kept.
+    prefill_chunk: prompt tokens per request per prefill forward (bounds prefill memory).
     Speculative decoding emits exactly the tokens plain greedy decoding would.
     """
     spec = get_drafter(drafter)
@@ -88,6 +158,10 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         raise ValueError(f"budget must be an int in [1, {MAX_TREE_NODES}], got {budget!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    target = model.device if model is not None else check_device(device)
+    if attention.requires_cuda and target.type != "cuda":
+        raise ValueError(f"attention backend {backend!r} runs on CUDA devices only, but the model is on "
+                         f"{target}; use --device cuda, or --backend torch / reference on the CPU")
     if model is None:
         model = build_model(config, seed, device, dtype)
     elif config is not None and config != model.config:
@@ -107,50 +181,30 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         raise ValueError(f"a prompt of {longest} tokens is longer than the KV pool allows "
                          f"({pool_slots} slots, and generating needs at least one more)")
     pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
-    runner = Runner(model, pool, attention)
+    runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk)
     requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
-    accepted_per_step: list[float] = []
-    emitted_total = request_steps = 0
-
     start = time.perf_counter()
-    runner.prefill(requests)
+    runner.prefill(requests)  # its argmax reads the logits on the host: the device is done here
+    prefill_s = time.perf_counter() - start
     if on_step:
         on_step(len(requests))
-    active = [r for r in requests if not r.done]
     for r in requests:
         if r.done:
-            pool.release(r.rid)
-    while active:
-        if spec is None:
-            emitted = runner.decode_step(active)
-        else:
-            trees = spec.propose(active, budget, runner)
-            for r, tree in zip(active, trees):
-                if len(tree) > budget:
-                    raise ValueError(f"drafter {drafter!r} proposed a tree of {len(tree)} nodes for request "
-                                     f"{r.rid}, over the budget of {budget}")
-            emitted = runner.verify_step(active, trees)
-        accepted_per_step.append(sum(emitted) / len(emitted))
-        emitted_total += sum(emitted)
-        request_steps += len(emitted)
-        kept = 0
-        for r, n in zip(active, emitted):
-            over = max(0, len(r.output) - r.max_new_tokens)
-            kept += n - over
-            if r.done:
-                del r.output[r.max_new_tokens:]
-                pool.release(r.rid)
-        if on_step:
-            on_step(kept)
-        active = [r for r in active if not r.done]
+            runner.release(r.rid)
+    stats = decode_loop(runner, [r for r in requests if not r.done], spec, budget, on_step, release=True)
+    accepted_per_step = stats.accepted_per_step
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     wall = time.perf_counter() - start
 
     tokens = [r.output for r in requests]
+    decode_s = wall - prefill_s
+    later = sum(map(len, tokens)) - len(tokens)
     return GenerationResult(
         tokens=tokens, accepted_per_step=accepted_per_step,
-        mean_accepted=emitted_total / request_steps if request_steps else 1.0,
+        mean_accepted=stats.mean_accepted,
         tokens_per_s=sum(map(len, tokens)) / wall if wall > 0 else float("inf"),
-        steps=len(accepted_per_step), wall_s=wall, drafter=drafter, budget=budget, backend=backend,
+        steps=len(accepted_per_step), wall_s=wall, prefill_s=prefill_s,
+        decode_tokens_per_s=later / decode_s if decode_s > 0 and later else float("nan"),
+        drafter=drafter, budget=budget, backend=backend,
         device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))

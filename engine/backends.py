@@ -1,17 +1,23 @@
 """Attention backends: one interface, looked up by name.
 
 Every backend answers ``forward(q, kv_cache, meta, sm_scale)`` by the metadata's mode:
-``forward_extend`` (prefill, causal), ``forward_decode`` (one token) and ``forward_verify`` (a
-token tree). q is [Nq, H, 576], kv_cache one layer's pool [S, 576]; out is [Nq, H, 512] in q's
-dtype. Verify and decode go through the op contract (DESIGN section 3) for every backend that
-wraps a kernel:
+``forward_extend`` (prefill, causal), ``forward_decode`` (one token: plain decoding and the
+drafter's passes over the prefix) and ``forward_verify`` (a token tree). q is [Nq, H, 576],
+kv_cache one layer's pool [S, 576]; out is [Nq, H, 512] in q's dtype. Prefill always runs as
+chain trees (`kdtree.engine.chunked`), so its memory is bounded for any prompt length.
 
-- ``reference``: the oracle `kdtree.kernels.reference.tree_verify_mla_reference` for all three
-  modes (prefill as chain trees of at most 1024 nodes).
-- ``torch``: a vectorised dense torch path (fp32 math), the engine's default.
-- ``cuda``: `kdtree.kernels.tree_verify_mla`; ``triton``:
-  `kdtree.kernels.triton_baseline.tree_verify_mla_triton`. Imported on first use; prefill uses
-  the torch path.
+- ``reference``: the oracle `kdtree.kernels.reference.tree_verify_mla_reference` for every mode.
+- ``torch``: a vectorised dense torch path (fp32 math), the engine's default on the CPU.
+- ``kernel`` (alias ``cuda``): `kdtree.kernels.tree_verify_mla`, the owned CUDA kernel, for
+  every mode: verify, the drafter's and plain decoding's passes over the prefix, and prefill in
+  1024-row chain chunks.
+- ``triton``: what engines run today: `kdtree.kernels.triton_baseline.tree_verify_mla_triton`
+  (SGLang's ``extend_attention_fwd`` style) for verify and prefill chunks, and for decode the
+  bf16 torch gather + matmul path (`kdtree.kernels.naive`), standing in for SGLang's split-KV
+  decode kernel (both are bandwidth-bound at T=1).
+
+The op-wrapping backends need CUDA tensors (``requires_cuda``); `kdtree.engine.generate`
+refuses them on the CPU with a message saying so. Ops are imported on first use.
 """
 
 from __future__ import annotations
@@ -22,15 +28,18 @@ from typing import Callable
 
 import torch
 
+from kdtree.engine.chunked import extend_in_chunks
 from kdtree.engine.metadata import AttentionMetadata
 from kdtree.kernels.contract import LATENT_DIM, MAX_TREE_NODES
-from kdtree.kernels.masks import pack_tree_masks, unpack_bool_rows
+from kdtree.kernels.masks import unpack_bool_rows
 
 _DENSE_ELEMENT_BUDGET = 1 << 25  # scores held at once by the torch path (fp32 elements)
 
 
 class AttentionBackend(ABC):
     name: str = "?"
+    #: the backend's ops take CUDA tensors only
+    requires_cuda: bool = False
 
     def forward(self, q, kv_cache, meta: AttentionMetadata, sm_scale: float) -> torch.Tensor:
         if meta.mode == "extend":
@@ -113,11 +122,16 @@ def dense_attention(q, kv_cache, meta: AttentionMetadata, sm_scale: float) -> to
     return torch.cat(outs).to(q.dtype)
 
 
+def _dense_chunk_rows(q, meta: AttentionMetadata) -> int:
+    """Chain-chunk rows that keep one request's scores within the dense path's budget."""
+    return max(1, min(MAX_TREE_NODES, _DENSE_ELEMENT_BUDGET // (q.shape[1] * max(meta.kv_lens))))
+
+
 class TorchBackend(AttentionBackend):
     name = "torch"
 
     def forward_extend(self, q, kv_cache, meta, sm_scale):
-        return dense_attention(q, kv_cache, meta, sm_scale)
+        return extend_in_chunks(dense_attention, q, kv_cache, meta, sm_scale, _dense_chunk_rows(q, meta))
 
     def forward_decode(self, q, kv_cache, meta, sm_scale):
         return dense_attention(q, kv_cache, meta, sm_scale)
@@ -127,25 +141,37 @@ class TorchBackend(AttentionBackend):
 
 
 # -- op-contract backends ------------------------------------------------------------------------
-class OpBackend(AttentionBackend):
-    """Routes verify and decode through an op with the contract's signature; prefill via torch."""
+def _load(backend: str, module: str, attr: str) -> Callable:
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise RuntimeError(f"attention backend {backend!r} needs {module}.{attr}, which could not be "
+                           f"imported: {err}") from err
 
-    def __init__(self, name: str, module: str, attr: str):
-        self.name, self._module, self._attr = name, module, attr
-        self._op: Callable | None = None
+
+class OpBackend(AttentionBackend):
+    """Every mode through ops with the contract's signature: `verify_op` for verify and prefill
+    chains (chunks of `prefill_rows` rows), `decode_op` (default: the same op) for decode."""
+
+    requires_cuda = True
+
+    def __init__(self, name: str, module: str, attr: str, decode: tuple[str, str] | None = None,
+                 prefill_rows: int = MAX_TREE_NODES):
+        self.name, self._where, self._decode_where = name, (module, attr), decode
+        self.prefill_rows = prefill_rows
+        self._ops: dict[str, Callable] = {}
+
+    def _op(self, which: str) -> Callable:
+        if which not in self._ops:
+            where = self._decode_where if which == "decode" and self._decode_where else self._where
+            self._ops[which] = _load(self.name, *where)
+        return self._ops[which]
 
     @property
     def op(self) -> Callable:
-        if self._op is None:
-            try:
-                self._op = getattr(importlib.import_module(self._module), self._attr)
-            except (ImportError, AttributeError) as err:
-                raise RuntimeError(f"attention backend {self.name!r} needs {self._module}.{self._attr}, "
-                                   f"which could not be imported: {err}") from err
-        return self._op
+        return self._op("verify")
 
-    def _call(self, q, kv_cache, meta, sm_scale):
-        op = self.op
+    def _call(self, op: Callable, q, kv_cache, meta, sm_scale):
         try:
             return op(q, kv_cache, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
                       float(sm_scale))
@@ -153,53 +179,47 @@ class OpBackend(AttentionBackend):
             raise RuntimeError(f"attention backend {self.name!r} could not load its kernel: {err}") from err
 
     def forward_extend(self, q, kv_cache, meta, sm_scale):
-        return dense_attention(q, kv_cache, meta, sm_scale)
+        return extend_in_chunks(self.forward_verify, q, kv_cache, meta, sm_scale, self.prefill_rows)
 
     def forward_decode(self, q, kv_cache, meta, sm_scale):
-        return self._call(q, kv_cache, meta, sm_scale)
+        return self._call(self._op("decode"), q, kv_cache, meta, sm_scale)
 
     def forward_verify(self, q, kv_cache, meta, sm_scale):
-        return self._call(q, kv_cache, meta, sm_scale)
+        return self._call(self._op("verify"), q, kv_cache, meta, sm_scale)
 
 
 class ReferenceBackend(OpBackend):
-    """The oracle for every mode; prefill runs as chain trees of at most 1024 nodes per call."""
+    """The oracle for every mode (fp64 math for bf16 inputs; runs on the CPU too)."""
+
+    requires_cuda = False
 
     def __init__(self):
         super().__init__("reference", "kdtree.kernels.reference", "tree_verify_mla_reference")
 
-    def forward_extend(self, q, kv_cache, meta, sm_scale):
-        out = torch.empty(q.shape[0], q.shape[1], LATENT_DIM, dtype=q.dtype, device=q.device)
-        kv_host = meta.kv_indices.cpu().tolist()
-        q_starts = meta.qo_indptr.cpu().tolist()
-        kv_starts = meta.kv_indptr.cpu().tolist()
-        for c0 in range(0, max(meta.qo_lens), MAX_TREE_NODES):
-            rows, slots, lens_q, lens_kv, parents = [], [], [], [], []
-            for b, (t_b, n_b) in enumerate(zip(meta.qo_lens, meta.kv_lens)):
-                if t_b <= c0:
-                    continue
-                c1 = min(t_b, c0 + MAX_TREE_NODES)
-                prefix = n_b - t_b
-                rows.extend(range(q_starts[b] + c0, q_starts[b] + c1))
-                slots.extend(kv_host[kv_starts[b]: kv_starts[b] + prefix + c1])
-                lens_q.append(c1 - c0)
-                lens_kv.append(prefix + c1)
-                parents.append(list(range(-1, c1 - c0 - 1)))
-            dev = q.device
-            idx = torch.tensor(rows, device=dev)
-            qo = torch.tensor([0] + lens_q, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
-            kv = torch.tensor([0] + lens_kv, dtype=torch.int64).cumsum(0).to(torch.int32).to(dev)
-            out[idx] = self.op(q[idx].contiguous(), kv_cache, qo, kv,
-                               torch.tensor(slots, dtype=torch.int32, device=dev),
-                               pack_tree_masks(parents, device=dev), float(sm_scale))
-        return out
+
+def kernel_backend() -> OpBackend:
+    """The owned CUDA kernel for verify, decode/draft and prefill chunks."""
+    return OpBackend("kernel", "kdtree.kernels", "tree_verify_mla")
+
+
+def triton_backend() -> OpBackend:
+    """Today's engines: the Triton tree-verify kernel; decode through bf16 torch (see module docstring)."""
+    return OpBackend("triton", "kdtree.kernels.triton_baseline", "tree_verify_mla_triton",
+                     decode=("kdtree.kernels.naive", "tree_verify_mla_naive"))
+
+
+def _cuda_alias() -> OpBackend:
+    backend = kernel_backend()
+    backend.name = "cuda"
+    return backend
 
 
 _FACTORIES: dict[str, Callable[[], AttentionBackend]] = {
     "reference": ReferenceBackend,
     "torch": TorchBackend,
-    "cuda": lambda: OpBackend("cuda", "kdtree.kernels", "tree_verify_mla"),
-    "triton": lambda: OpBackend("triton", "kdtree.kernels.triton_baseline", "tree_verify_mla_triton"),
+    "kernel": kernel_backend,
+    "cuda": _cuda_alias,  # the phase-1 name of the kernel backend
+    "triton": triton_backend,
 }
 
 

@@ -68,11 +68,22 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
     "small": ModelConfig(hidden_size=1024, num_layers=8, num_heads=16, intermediate_size=2816,
                          vocab_size=4096),
+    # token-exactness at long context: 16 heads (one TP-8 shard of DeepSeek-V3's 128), 2 layers
+    # (the margin circuit's minimum), positions for prompts of 32k tokens and more
+    "tiny-long": ModelConfig(num_layers=2, num_heads=16, max_position_embeddings=40960),
+    # DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard: 16 heads, kv_lora_rank 512, rope 64,
+    # nope 128, v 128, hidden 7168, the dense MLP's 18432 / 8 = 2304 per shard; 8 layers, so
+    # that long-context steps are attention-bound as in the real model, at a size whose random
+    # weights build in seconds. q_lora_rank is left None: the margin circuit needs it (it
+    # changes the query projection only, not the attention's shape).
+    "dsv3-tp8": ModelConfig(hidden_size=7168, num_layers=8, num_heads=16, intermediate_size=2304,
+                            vocab_size=8192, max_position_embeddings=139264),
 }
 
 
 def preset(name: str) -> ModelConfig:
-    """A named configuration ('tiny' runs fast on 2 CPU cores)."""
+    """A named configuration ('tiny' runs fast on 2 CPU cores; 'dsv3-tp8' is a deployment's
+    attention shape, for the GPU)."""
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
     return PRESETS[name]

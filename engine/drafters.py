@@ -9,7 +9,9 @@
   budget, as DDTree does over a block drafter's per-position distributions.
 
 The self-draft layers are the target model's own first layers, so the prefix KV the target wrote
-is exactly theirs; draft tokens get temporary slots, freed before the drafter returns.
+is exactly theirs; draft tokens get temporary slots, freed before the drafter returns. Their
+attention over the prefix goes through the runner's backend in decode mode (the kernel backend
+sends it to the CUDA kernel), with the prefix slots already on the device.
 """
 
 from __future__ import annotations
@@ -73,14 +75,16 @@ class SelfDraftDrafter(Drafter):
     def depth_logprobs(self, requests: Sequence[Request], depth: int, runner: Runner) -> torch.Tensor:
         """[B, depth, V] log-probs of the draft model along its own greedy chain from the pending token."""
         pool, layers = runner.pool, self.draft_layers(runner)
-        prefix = [pool.slots(r.rid) for r in requests]
+        dev = runner.model.device
+        prefix = [runner.prefix(r.rid) for r in requests]  # device tensors: no host copy of long prefixes
         temp: list[list[int]] = [[] for _ in requests]
         tokens = [r.pending for r in requests]
         out = []
         try:
             for _ in range(depth):
                 slots = pool.alloc(len(requests)).tolist()
-                context = [p + t for p, t in zip(prefix, temp)]
+                context = [torch.cat([p, torch.tensor(t, dtype=torch.int32, device=dev)]) if t else p
+                           for p, t in zip(prefix, temp)]
                 for t, s in zip(temp, slots):
                     t.append(s)
                 meta = decode_metadata(context, slots, runner.model.device)

@@ -6,6 +6,9 @@ forward's new tokens, in the order of the query rows.
 - extend: new tokens form a causal chain after the prefix (prefill).
 - decode: one new token per request (a one-node tree; ``tree_mask`` is all ones).
 - verify: the new tokens are a token tree; ``tree_mask`` is the packed ancestor-or-self mask.
+
+A request's prefix may be given as a host list or as an int32 device tensor (the engine passes
+`kdtree.engine.slot_mirror.SlotMirror` views, so long prefixes stay on the device).
 """
 
 from __future__ import annotations
@@ -46,6 +49,22 @@ def _indptr(lengths: Sequence[int], device) -> torch.Tensor:
     return out.to(device)
 
 
+def _flatten(prefix_slots, new_slots, device) -> torch.Tensor:
+    """kv_indices: each request's prefix slots, then its new slots. A prefix given as a device
+    tensor (`kdtree.engine.slot_mirror.SlotMirror`) is concatenated on the device, so a long
+    prefix never goes through a host list again."""
+    if not any(isinstance(p, torch.Tensor) for p in prefix_slots):
+        flat = [s for p, n in zip(prefix_slots, new_slots) for s in (*p, *n)]
+        return torch.tensor(flat, dtype=torch.int32, device=device)
+    new_flat = torch.tensor([s for n in new_slots for s in n], dtype=torch.int32, device=device)
+    pieces, at = [], 0
+    for p, n in zip(prefix_slots, new_slots):
+        pieces.append(p if isinstance(p, torch.Tensor) else torch.tensor(list(p), dtype=torch.int32, device=device))
+        pieces.append(new_flat[at: at + len(n)])
+        at += len(n)
+    return torch.cat(pieces)
+
+
 def _build(mode: Mode, prefix_slots, new_slots, tree_mask_fn, device, parents=None) -> AttentionMetadata:
     if len(prefix_slots) != len(new_slots) or not new_slots:
         raise ValueError(f"need one prefix and one new-slot list per request, got {len(prefix_slots)} "
@@ -54,8 +73,7 @@ def _build(mode: Mode, prefix_slots, new_slots, tree_mask_fn, device, parents=No
     if min(qo_lens) < 1:
         raise ValueError("every request needs at least one new token")
     kv_lens = [len(p) + len(s) for p, s in zip(prefix_slots, new_slots)]
-    flat = [s for p, n in zip(prefix_slots, new_slots) for s in (*p, *n)]
-    kv_indices = torch.tensor(flat, dtype=torch.int32, device=device)
+    kv_indices = _flatten(prefix_slots, new_slots, device)
     return AttentionMetadata(mode, _indptr(qo_lens, device), _indptr(kv_lens, device), kv_indices,
                              tree_mask_fn(qo_lens), qo_lens, kv_lens, parents)
 

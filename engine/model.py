@@ -56,12 +56,14 @@ class MLAModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
-                kv_caches: list[torch.Tensor], backend, meta, num_layers: Optional[int] = None) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], backend, meta, num_layers: Optional[int] = None,
+                logit_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits fp32 [N, vocab] for N tokens of a batch laid out as `meta` describes.
 
         input_ids, positions, out_slots: [N]; kv_caches: one [S, 576] tensor per layer (the pool).
         num_layers < config.num_layers runs only the first layers, then the final norm and head
-        (the self-draft model).
+        (the self-draft model). logit_rows (long [n]): compute the logits of these rows only
+        ([n, vocab]; prefill needs one row per request, not [N, vocab] fp32).
         """
         depth = self.config.num_layers if num_layers is None else num_layers
         if not 1 <= depth <= self.config.num_layers:
@@ -75,4 +77,6 @@ class MLAModel(nn.Module):
             h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rope, kv_cache,
                                     out_slots, backend, meta)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if logit_rows is not None:
+            h = h[logit_rows]
         return torch.nn.functional.linear(self.norm(h).float(), self.lm_head.weight.float())

@@ -19,6 +19,7 @@ from kdtree.engine.backends import AttentionBackend
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.metadata import AttentionMetadata, decode_metadata, extend_metadata, verify_metadata
 from kdtree.engine.model import MLAModel
+from kdtree.engine.slot_mirror import SlotMirror
 from kdtree.engine.tree import TokenTree
 
 
@@ -44,36 +45,71 @@ class Request:
 
 
 class Runner:
-    """One model, its KV pool and an attention backend; runs batched steps over requests."""
+    """One model, its KV pool and an attention backend; runs batched steps over requests.
 
-    def __init__(self, model: MLAModel, pool: KVPool, backend: AttentionBackend):
+    Long prompts are prefilled in chunks of `prefill_chunk` tokens per request (each chunk's
+    attention is itself cut into chain trees by the backend), so prefill memory is bounded by
+    the chunk, not the prompt. Request prefixes reach the metadata as device tensors
+    (`SlotMirror`): a step uploads only the slots that are new since the last one.
+    """
+
+    def __init__(self, model: MLAModel, pool: KVPool, backend: AttentionBackend, prefill_chunk: int = 8192):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.pool, self.backend = model, pool, backend
+        self.prefill_chunk = prefill_chunk
+        self.mirror = SlotMirror(pool, model.device)
 
     def forward(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
-                meta: AttentionMetadata, num_layers: Optional[int] = None) -> torch.Tensor:
+                meta: AttentionMetadata, num_layers: Optional[int] = None,
+                logit_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
         dev = self.model.device
+        rows = None if logit_rows is None else torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
         return self.model(torch.tensor(list(tokens), device=dev), torch.tensor(list(positions), device=dev),
                           torch.tensor(list(slots), dtype=torch.int32, device=dev), self.pool.kv,
-                          self.backend, meta, num_layers)
+                          self.backend, meta, num_layers, rows)
+
+    def prefix(self, rid: int) -> torch.Tensor:
+        """The request's slots so far, int32 on the model's device (a view kept by the mirror)."""
+        return self.mirror.prefix(rid)
+
+    def release(self, rid: int) -> None:
+        """Free a finished request's slots."""
+        self.pool.release(rid)
+        self.mirror.forget(rid)
 
     def prefill(self, requests: Sequence[Request]) -> None:
         """Write every prompt's KV and take each request's first greedy token."""
         lens = [len(r.prompt) for r in requests]
         slots = self.pool.alloc(sum(lens)).tolist()
-        per_req = [slots[sum(lens[:b]): sum(lens[:b + 1])] for b in range(len(requests))]
+        starts = [sum(lens[:b]) for b in range(len(requests))]
+        per_req = [slots[s: s + n] for s, n in zip(starts, lens)]
         for r, s in zip(requests, per_req):
             self.pool.add_request(r.rid)
             self.pool.append(r.rid, s)
-        meta = extend_metadata([[] for _ in requests], per_req, self.model.device)
-        logits = self.forward([t for r in requests for t in r.prompt],
-                              [p for n in lens for p in range(n)], slots, meta)
-        last = torch.tensor(lens).cumsum(0) - 1
-        for r, tok in zip(requests, logits[last.to(logits.device)].argmax(-1).tolist()):
-            r.output.append(tok)
+        chunk = self.prefill_chunk
+        for c0 in range(0, max(lens), chunk):
+            batch = [b for b, n in enumerate(lens) if n > c0]
+            prefix = [self.prefix(requests[b].rid)[:c0] for b in batch]
+            new = [per_req[b][c0: c0 + chunk] for b in batch]
+            meta = extend_metadata(prefix, new, self.model.device)
+            ends = [c0 + len(n) for n in new]
+            last_rows, at = [], 0
+            for b, n in zip(batch, new):
+                at += len(n)
+                if c0 + len(n) == lens[b]:
+                    last_rows.append((b, at - 1))
+            logits = self.forward([t for b in batch for t in requests[b].prompt[c0: c0 + chunk]],
+                                  [p for c1 in ends for p in range(c0, c1)],
+                                  [s for n in new for s in n], meta,
+                                  logit_rows=[row for _, row in last_rows] or [0])
+            if last_rows:
+                for (b, _), tok in zip(last_rows, logits.argmax(-1).tolist()):
+                    requests[b].output.append(tok)
 
     def decode_step(self, requests: Sequence[Request]) -> list[int]:
         """Plain greedy decoding: one token per request. Returns tokens emitted per request."""
-        prefix = [self.pool.slots(r.rid) for r in requests]
+        prefix = [self.prefix(r.rid) for r in requests]
         slots = self.pool.alloc(len(requests)).tolist()
         for r, s in zip(requests, slots):
             self.pool.append(r.rid, [s])
@@ -82,6 +118,16 @@ class Runner:
         for r, tok in zip(requests, logits.argmax(-1).tolist()):
             r.output.append(tok)
         return [1] * len(requests)
+
+    def verify_logits(self, requests: Sequence[Request], trees: Sequence[TokenTree],
+                      tree_slots: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits [sum T_b, vocab] of every tree node: writes the trees' KV into `tree_slots` (every
+        layer) and attends over prefix and tree slots straight from the pool. Changes nothing else."""
+        prefix = [self.prefix(r.rid) for r in requests]
+        meta = verify_metadata(prefix, tree_slots, [t.parents for t in trees], self.model.device)
+        positions = [len(p) + d for p, t in zip(prefix, trees) for d in t.depths()]
+        return self.forward([tok for t in trees for tok in t.tokens], positions,
+                            [s for own in tree_slots for s in own], meta)
 
     def verify_step(self, requests: Sequence[Request], trees: Sequence[TokenTree]) -> list[int]:
         """Verify one tree per request (root = its pending token). Returns tokens emitted per request."""
@@ -93,11 +139,7 @@ class Runner:
         starts = [sum(sizes[:b]) for b in range(len(trees))]
         tree_slots = [slots[s: s + n] for s, n in zip(starts, sizes)]
         try:
-            prefix = [self.pool.slots(r.rid) for r in requests]
-            meta = verify_metadata(prefix, tree_slots, [t.parents for t in trees], self.model.device)
-            positions = [len(p) + d for p, t in zip(prefix, trees) for d in t.depths()]
-            logits = self.forward([tok for t in trees for tok in t.tokens], positions, slots, meta)
-            greedy = logits.argmax(-1).tolist()
+            greedy = self.verify_logits(requests, trees, tree_slots).argmax(-1).tolist()
         except BaseException:
             self.pool.free(slots)
             raise

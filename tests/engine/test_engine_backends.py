@@ -102,10 +102,11 @@ def test_unknown_backend_lists_the_known_ones():
 def test_kernel_backends_import_lazily_and_fail_clearly_when_used():
     q, kv, meta = make_case("verify", 2)
     missing = OpBackend("later", "kdtree.kernels.not_written_yet", "tree_verify_mla_later")
-    assert missing.forward_extend(q, kv, extend_metadata([[]], [list(range(q.shape[0]))]), SCALE).shape[0] == q.shape[0]
     with pytest.raises(RuntimeError, match="'later' needs kdtree.kernels.not_written_yet.tree_verify_mla_later"):
         missing.forward_verify(q, kv, meta, SCALE)
-    for name in ("cuda", "triton"):
+    with pytest.raises(RuntimeError, match="'later' needs"):  # prefill goes through the op too (chains)
+        missing.forward_extend(q, kv, extend_metadata([[]], [list(range(q.shape[0]))]), SCALE)
+    for name in ("kernel", "cuda", "triton"):
         backend = get_backend(name)  # building one imports nothing
         assert backend.name == name
 

@@ -22,9 +22,23 @@ def oracle_greedy():
 
 
 @pytest.mark.parametrize("backend,drafter,budget", [
-    ("torch", "none", 1), ("torch", "ddtree", 64), ("cuda", "none", 1), ("cuda", "ngram", 16),
+    ("torch", "none", 1), ("torch", "ddtree", 64), ("kernel", "none", 1), ("kernel", "ddtree", 64),
+    ("cuda", "none", 1), ("cuda", "ngram", 16),
     ("cuda", "ddtree", 64), ("cuda", "ddtree", 512), ("triton", "ngram", 16), ("triton", "ddtree", 64),
 ])
 def test_gpu_decoding_matches_oracle_greedy(oracle_greedy, backend, drafter, budget):
     result = generate(PROMPTS, drafter=drafter, budget=budget, backend=backend, device="cuda", max_new_tokens=NEW)
     assert result.tokens == oracle_greedy
+
+
+def test_long_prompt_prefills_in_chunks_on_the_kernel_and_stays_exact():
+    """A 6000-token prompt: prefill in model chunks of 2048 tokens, each as 1024-row chain trees on the
+    kernel; greedy tokens equal the oracle's (whose prefill is one chunk)."""
+    from kdtree.engine import build_model, preset
+
+    model = build_model(preset("tiny-long"), device="cuda")
+    prompt = [(7 * i) % 997 for i in range(6000)]
+    ref = generate([prompt], model=model, drafter="none", backend="reference", max_new_tokens=8, prefill_chunk=8192)
+    got = generate([prompt], model=model, drafter="ddtree", budget=32, backend="kernel", max_new_tokens=8,
+                   prefill_chunk=2048)
+    assert got.tokens == ref.tokens

@@ -1,0 +1,1 @@
+"""Integrations of the kernel into serving stacks (``kdtree.integrations.sglang``)."""

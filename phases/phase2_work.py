@@ -1,0 +1,499 @@
+"""Phase 2's work: what each gate of `phase2_backend.SPEC` runs, bound to this project.
+
+Every check takes (spec, ctx) and returns the GateResult of a generic mechanism of
+`kdtree.gates`, fed with the engine (`kdtree.engine`), the SGLang backend
+(`kdtree.integrations.sglang`) and the kernels. torch and the project's GPU code are imported
+inside the functions, so importing the phase stays cheap. Parameters after ``ctx`` exist for the
+tests (small sizes, the CPU, broken candidates); the phase runs the defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from typing import Any, Optional
+
+from kdtree.gates.base import Figure, GateContext, GateResult, Outcome
+
+LONG_PROMPT_TOKENS = 32768  # token_exact: prompts at least this long are part of every run
+SPEED_PRESET = "dsv3-tp8"  # DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard (kdtree.engine.config)
+VERIFY_CONTEXTS = (4096, 32768, 131072)
+VERIFY_BATCH = 2
+TREE_BUDGET = 64
+DECODE_RUNS = ((32768, 2), (131072, 1))  # (context, batch) of decode_speedup
+DECODE_NEW_TOKENS = 24
+
+_models: dict[tuple, Any] = {}
+
+
+def _model(preset_name: str, device: str):
+    """One seeded model per (preset, device) per process: the speed gates share it."""
+    from kdtree.engine import build_model, preset  # noqa: PLC0415
+
+    key = (preset_name, device)
+    if key not in _models:
+        _models.clear()  # one large model at a time
+        _models[key] = build_model(preset(preset_name), seed=0, device=device)
+    return _models[key]
+
+
+def _hold(result: GateResult, figure: Figure, failure: str) -> GateResult:
+    """Add a thresholded figure to a result; a miss turns a pass into a failure saying why."""
+    result.figures.append(figure)
+    if figure.ok is False and result.outcome is Outcome.PASSED:
+        result.outcome = Outcome.FAILED
+        result.summary = failure + "; " + result.summary
+    return result
+
+
+# -- token_exact ---------------------------------------------------------------------------------
+def token_exact_prompts(n: int, long_prompts: int, long_len: int, vocab: int, seed: int) -> list[list[int]]:
+    """n prompts: `long_prompts` of `long_len`+ tokens (a motif repeated with noise, so prompt
+    lookup and the induction circuit both have matches far back), the rest 4..48 tokens."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        if i < long_prompts:
+            motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 512))]
+            p = [motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab)
+                 for j in range(long_len + rng.randrange(256))]
+        else:
+            m = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
+            p = [m[j % len(m)] if i % 2 else rng.randrange(vocab) for j in range(rng.randint(4, 48))]
+        prompts.append(p)
+    return prompts
+
+
+def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: str = "cuda",
+                      preset_name: str = "tiny-long", long_len: int = LONG_PROMPT_TOKENS, long_prompts: int = 2,
+                      drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
+    """Tree speculative decoding on `backend` vs plain greedy decoding on the oracle backend."""
+    from kdtree.engine import generate  # noqa: PLC0415
+    from kdtree.gates.token_exact import check_token_exact as run  # noqa: PLC0415
+
+    model = _model(preset_name, device)
+    prompts = token_exact_prompts(spec.min_prompts, long_prompts, long_len, model.config.vocab_size,
+                                  ctx.fresh_seed())
+    ctx.progress(f"greedy decoding on the reference backend ({len(prompts)} prompts, longest "
+                 f"{max(map(len, prompts))})", 0.05)
+    ref = generate(prompts, model=model, drafter="none", backend="reference", max_new_tokens=spec.max_new_tokens)
+    streams, details = [], {"prompt_lens": [len(p) for p in prompts], "backend": backend}
+    for k, (drafter, budget) in enumerate(drafters):
+        ctx.progress(f"tree speculative decoding ({drafter}, budget {budget}) on {backend}", 0.5 + 0.25 * k)
+        cand = generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
+                        max_new_tokens=spec.max_new_tokens)
+        details[f"{drafter}_mean_accepted"] = cand.mean_accepted
+        details[f"{drafter}_decode_tokens_per_s"] = cand.decode_tokens_per_s
+        streams += [(f"{drafter}:{i}", c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref.tokens))]
+    result = run(spec, streams, ctx)
+    result.details.update(details)
+    longest = max(map(len, prompts))
+    return _hold(result, Figure(name="longest_prompt", value=longest, unit=" tokens", op=">=", threshold=long_len),
+                 f"the longest prompt has {longest} tokens, the gate needs one of at least {long_len}")
+
+
+# -- sglang_parity -------------------------------------------------------------------------------
+def sglang_extend_attention():
+    """(SGLang's own ``extend_attention_fwd`` from the installed wheel, how it was loaded), or ImportError."""
+    from kdtree.integrations.sglang.sglang_kernels import load_extend_attention  # noqa: PLC0415
+
+    return load_extend_attention()
+
+
+def sglang_triton_verify(fx: dict[str, Any], extend_attention_fwd) -> Any:
+    """SGLang's Triton target-verify call on a fixture, exactly as ``TritonAttnBackend.forward_extend``
+    makes it for an MLA layer (its pool already holds the prefix; k/v of the drafts passed in)."""
+    import torch  # noqa: PLC0415
+
+    q, k, v, pool = fx["q"], fx["k_extend"], fx["v_extend"], fx["pool"]
+    o = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
+    extend_attention_fwd(q, k.contiguous(), v.contiguous(), o, pool, pool[..., :512], fx["qo_indptr"],
+                         fx["kv_indptr"], fx["kv_indices"], fx["custom_mask"], True, fx["mask_indptr"],
+                         fx["num_draft_tokens"], 1.0, 1.0, fx["sm_scale"])
+    return o
+
+
+def kdtree_sglang_verify(fx: dict[str, Any], converter, op, out) -> None:
+    """What the SGLang backend does on a target-verify MLA layer: write the drafts' KV into the
+    pool, convert SGLang's metadata (`VerifyConverter`), run the op on the pool."""
+    pool = fx["pool"]
+    pool[fx["out_cache_loc"]] = fx["k_extend"]
+    meta = converter.convert(fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"],
+                             fx["custom_mask"], fx["mask_indptr"])
+    op(fx["q"], pool.view(pool.shape[0], 576), meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
+       fx["sm_scale"], out=out)
+
+
+PARITY_CASES = [  # (name, H, prefix lens, tree size, tree kind, mask dtype, qo dtype, ancestor-closed, padded)
+    ("H16 N64 B2 random", 16, "random2", 64, "random", "bool", "int32", True, 0),
+    ("H16 N8 B4 chain", 16, "random4", 8, "chain", "uint8", "int64", True, 0),
+    ("H128 N16 B1 star", 128, "random1", 16, "star", "bool", "int32", True, 0),
+    ("H16 N32 B3 not-closed", 16, "random3", 32, "random", "bool", "int64", False, 0),
+    ("H16 N16 B2 padded", 16, "random2", 16, "random", "uint8", "int64", True, 2),
+    ("H16 N64 B1 L32k", 16, "long1", 64, "random", "bool", "int32", True, 0),
+]
+
+
+def _out_like(q):
+    import torch  # noqa: PLC0415
+
+    return torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
+
+
+def _prefix_lens(spec_name: str, rng: random.Random) -> list[int]:
+    count = int(spec_name[-1])
+    if spec_name.startswith("long"):
+        return [32768 + rng.randrange(4096) for _ in range(count)]
+    return [rng.choice([0, 1, rng.randrange(2, 5000)]) for _ in range(count)]
+
+
+def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=None, device: str = "cuda",
+                        cases=PARITY_CASES) -> GateResult:
+    """The SGLang backend's verify path vs SGLang's real Triton kernel, on SGLang-format inputs with
+    fresh random trees and lengths every trial. `reference(fx) -> out` replaces SGLang's kernel
+    (the CPU tests use the fp64 layout oracle); `candidate_op` replaces the CUDA kernel."""
+    import torch  # noqa: PLC0415
+
+    from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
+    from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
+    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
+
+    loaded = "a reference passed in"
+    if reference is None:
+        try:
+            extend, loaded = sglang_extend_attention()
+        except Exception as err:  # noqa: BLE001 - any import failure means SGLang is not usable here
+            return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.SKIPPED,
+                              reason=f"SGLang's extend_attention_fwd cannot be imported: {type(err).__name__}: {err}",
+                              summary="skipped: sglang 0.5.23 is not importable on this machine")
+        reference = lambda fx: sglang_triton_verify(fx, extend)  # noqa: E731
+    if candidate_op is None:
+        from kdtree.kernels import tree_verify_mla as candidate_op  # noqa: PLC0415
+    dtypes = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+    converter = VerifyConverter(8, 8 * 128, 128, 8 * 40000, device)
+
+    def real(fx, t):  # graph-padding rows are checked for finiteness only: their keys are SGLang's dummies
+        return t[: fx["real_requests"] * fx["num_draft_tokens"]]
+
+    def case(name, H, lens_kind, N, kind, mask, qo, closed, padded):
+        def make_inputs(seed, dev):
+            lens = _prefix_lens(lens_kind, random.Random(seed))
+            fx = make_verify_batch(H, lens, N, seed, device=dev, mask_dtype=dtypes[mask], qo_dtype=dtypes[qo],
+                                   kind=kind, ancestor_closed=closed, padded=padded)
+            fx["pool_for_reference"] = fx["pool"].clone()
+            fx["pool_for_reference"][fx["out_cache_loc"]] = fx["k_extend"]  # SGLang saves the KV first too
+            return fx
+
+        return AccuracyCase(
+            name=name, make_inputs=make_inputs,
+            params={"H": H, "N": N, "tree": kind, "mask": mask, "qo_indptr": qo, "ancestor_closed": closed,
+                    "padded_requests": padded},
+            make_outputs=lambda fx: {"out": real(fx, _out_like(fx["q"]))})
+
+    def oracle(fx):
+        return {"out": real(fx, reference(dict(fx, pool=fx["pool_for_reference"])))}
+
+    def candidate(fx, outs):
+        full = _out_like(fx["q"])
+        rows = outs["out"].shape[0]
+        full[:rows] = outs["out"]  # the gate's poison: a row the backend leaves unwritten stays poisoned
+        full[rows:] = float("nan")
+        kdtree_sglang_verify(fx, converter, candidate_op, full)
+        result = real(fx, full).clone()
+        if not torch.isfinite(full[rows:].float()).all():
+            result[:] = float("nan")  # non-finite padded rows fail the case
+        outs["out"].copy_(result)
+
+    result = run(spec, [case(*c) for c in cases], candidate, oracle, ctx)
+    result.details["sglang_kernel_loaded_from"] = loaded
+    return result
+
+
+# -- verify_speedup ------------------------------------------------------------------------------
+class VerifySetup:
+    """Requests with an L-token prefix of random KV in a pool, one tree each, two runners (kernel and
+    triton backends) on the same model and pool. `step(runner)` is one whole verify step."""
+
+    def __init__(self, model, context: int, batch: int, budget: int, seed: int, backends=("kernel", "triton")):
+        import torch  # noqa: PLC0415
+
+        from kdtree.engine.backends import get_backend  # noqa: PLC0415
+        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
+        from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
+        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
+
+        rng = random.Random(seed)
+        cfg = model.config
+        slots = batch * (context + budget) + 64
+        self.pool = KVPool(cfg.num_layers, slots, dtype=model.dtype, device=model.device)
+        gen = torch.Generator(device=model.device).manual_seed(seed)
+        for layer in self.pool.kv:
+            layer.normal_(generator=gen)
+        self.requests, self.trees = [], []
+        order = self.pool.alloc(batch * context).tolist()
+        rng.shuffle(order)
+        for b in range(batch):
+            self.pool.add_request(b)
+            self.pool.append(b, order[b * context: (b + 1) * context])
+            prompt = [rng.randrange(cfg.vocab_size) for _ in range(8)]
+            r = Request(b, prompt, 1 << 20, output=[rng.randrange(cfg.vocab_size)])
+            self.requests.append(r)
+            parents = [-1] + [rng.randrange(t) for t in range(1, budget)]
+            tokens = [r.pending] + rng.sample(range(cfg.vocab_size), budget - 1)
+            self.trees.append(TokenTree(tokens, parents))
+        tree_ids = self.pool.alloc(batch * budget).tolist()
+        self.tree_slots = [tree_ids[b * budget: (b + 1) * budget] for b in range(batch)]
+        self.runners = {name: Runner(model, self.pool, get_backend(name)) for name in backends}
+        self.context, self.batch, self.budget = context, batch, budget
+
+    def step(self, name: str):
+        return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
+
+    def metadata(self, name: str):
+        from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
+
+        runner = self.runners[name]
+        return verify_metadata([runner.prefix(r.rid) for r in self.requests], self.tree_slots,
+                               [t.parents for t in self.trees], runner.model.device)
+
+
+def _median_ms(fn, repeats: int, sync) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def step_breakdown(setup: VerifySetup, name: str, repeats: int = 10) -> dict[str, float]:
+    """One verify step's time split: metadata conversion, attention (every layer's op call on
+    that metadata, alone), the rest (projections, MLPs, KV writes, head, host). Wall clock with
+    the device synchronised around each part."""
+    import torch  # noqa: PLC0415
+
+    model = setup.runners[name].model
+    dev = model.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    backend = setup.runners[name].backend
+    meta = setup.metadata(name)
+    rows = sum(setup.budget for _ in setup.requests)
+    q = torch.randn(rows, model.config.num_heads, 576, device=dev, dtype=model.dtype)
+    kv = setup.pool.kv
+    scale = model.config.sm_scale
+
+    def attention():
+        for layer in kv:
+            backend.forward_verify(q, layer, meta, scale)
+
+    step_ms = _median_ms(lambda: setup.step(name), repeats, sync)
+    conv_ms = _median_ms(lambda: setup.metadata(name), repeats, sync)
+    attn_ms = _median_ms(attention, repeats, sync)
+    return {"step_ms": step_ms, "conversion_ms": conv_ms, "attention_ms": attn_ms,
+            "rest_ms": max(0.0, step_ms - conv_ms - attn_ms), "attention_share": attn_ms / step_ms if step_ms else math.nan}
+
+
+def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16, tree: int = TREE_BUDGET,
+                       repeats: int = 20, device: str = "cuda") -> dict[str, float]:
+    """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
+    each call queued behind a busy-wait); the converter's eager time (host launch included) too."""
+    import torch  # noqa: PLC0415
+
+    from kdtree.gates.timing import cuda_event_timer  # noqa: PLC0415
+    from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
+    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
+    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
+
+    fx = make_verify_batch(heads, [context] * batch, tree, seed=context, device=device)
+    conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), device)
+    args = (fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"], fx["custom_mask"], fx["mask_indptr"])
+    pool = fx["pool"].view(-1, 576)
+    out = torch.empty(fx["q"].shape[0], heads, 512, dtype=torch.bfloat16, device=device)
+
+    meta = conv.convert(*args)
+
+    def run_kernel():
+        tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
+                        fx["sm_scale"], out=out)
+
+    for _ in range(3):
+        conv.convert(*args)
+        run_kernel()
+    gpu = cuda_event_timer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
+    eager = cuda_event_timer()  # host launch time included, as an eager step pays it
+    conv_ms = statistics.median(gpu(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    kern_ms = statistics.median(gpu(run_kernel) for _ in range(repeats)) * 1e3
+    conv_eager_ms = statistics.median(eager(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    return {"converter_ms": conv_ms, "kernel_ms": kern_ms, "fraction": conv_ms / kern_ms,
+            "converter_eager_ms": conv_eager_ms, "eager_fraction": conv_eager_ms / kern_ms}
+
+
+def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, contexts=VERIFY_CONTEXTS,
+                         batch: int = VERIFY_BATCH, budget: int = TREE_BUDGET, device: str = "cuda",
+                         backends=("kernel", "triton"), with_converter: bool = True) -> GateResult:
+    """A whole verify step of the model (all layers' attention plus the rest), kernel backend vs
+    Triton backend, interleaved in one process, at each context; step time broken down per backend."""
+    from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
+
+    model = _model(preset_name, device)
+    cand_name, base_name = backends
+    setups: dict[int, VerifySetup] = {}
+
+    def make(context):
+        def inputs(seed, dev):
+            setups.pop(context, None)
+            setups.clear()  # one pool at a time
+            setups[context] = VerifySetup(model, context, batch, budget, seed, backends)
+            return setups[context]
+        return SpeedConfig(name=f"L{context_label(context)} B{batch} T{budget}", make_inputs=inputs,
+                           params={"L": context, "B": batch, "T": budget, "H": model.config.num_heads,
+                                   "layers": model.config.num_layers, "preset": preset_name})
+
+    breakdown: dict[str, Any] = {}
+    results = []
+
+    def after_each(context: int, setup: VerifySetup):
+        breakdown[context_label(context)] = {name: step_breakdown(setup, name, repeats=5) for name in backends}
+
+    configs = [make(c) for c in contexts]
+    for cfg in configs:  # one config per check_speedup call: its pool is freed before the next
+        ctx.progress(f"verify step {cfg.name}", None)
+        res = check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx)
+        if setups:
+            after_each(cfg.params["L"], next(iter(setups.values())))
+        results.append(res)
+        setups.clear()
+    rows = [row for r in results for row in r.details.get("configs", [])]
+    return _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, contexts, device)
+
+
+def _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, contexts, device) -> GateResult:
+    """One verdict over the per-config runs, with the step breakdown and the converter's share."""
+    from kdtree.gates.base import verdict  # noqa: PLC0415
+
+    errors = [r for r in results if r.outcome is Outcome.ERROR]
+    speedups = [r["speedup"] for r in rows if r.get("status") == "ok" and r.get("speedup") is not None]
+    disagree = [r for r in rows if r.get("status") == "disagree"]
+    figures = [
+        Figure(name="median_speedup", value=statistics.median(speedups) if speedups else math.nan, unit="x",
+               op=">=", threshold=spec.min_median_speedup, key=True),
+        Figure(name="min_speedup", value=min(speedups) if speedups else math.nan, unit="x", op=">=",
+               threshold=spec.min_each_speedup),
+        Figure(name="disagreeing_configs", value=len(disagree), op="<=", threshold=0),
+        Figure(name="configs_timed", value=len(speedups)),
+    ]
+    for row in rows:
+        if row.get("speedup") is not None:
+            figures.append(Figure(name=f"speedup_{context_label(row['params']['L'])}", value=row["speedup"], unit="x"))
+    for label, per_backend in breakdown.items():
+        for name, parts in per_backend.items():
+            figures.append(Figure(name=f"attention_share_{name}_{label}", value=parts["attention_share"]))
+    converter: dict[str, Any] = {}
+    if with_converter:
+        for context in contexts:
+            if context >= 32768:
+                ctx.progress(f"SGLang converter vs kernel at L={context}", None)
+                converter[context_label(context)] = got = converter_fraction(context, device=device)
+                figures.append(Figure(name=f"converter_fraction_{context_label(context)}", value=got["fraction"]))
+    summary = "; ".join(r.summary for r in results)
+    details = {"configs": rows, "step_breakdown_ms": breakdown, "converter": converter,
+               "timer": results[0].details.get("timer") if results else None}
+    if errors:
+        return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR, figures=figures,
+                          summary="; ".join(r.summary for r in errors), details=details)
+    return verdict(spec.name, spec.kind, figures, summary, **details)
+
+
+def context_label(context: int) -> str:
+    """'32k' for 32768, '100' for 100: how figures name a context length."""
+    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
+
+
+# -- decode_speedup ------------------------------------------------------------------------------
+def _prompt(vocab: int, length: int, rng: random.Random) -> list[int]:
+    motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 256))]
+    return [motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab) for j in range(length)]
+
+
+def timed_decode(model, prompts: list[list[int]], backends: tuple[str, ...], drafter: str, budget: int,
+                 new_tokens: int, rounds: int = 2, prefill_backend: Optional[str] = None) -> dict[str, Any]:
+    """Prefill once, then decode the same requests from that state with each backend, interleaved
+    `rounds` times (the pool is truncated back to the prompt between runs, so every run starts from
+    the same KV and the same first token). Returns tokens/s (decode only, median) and tokens."""
+    import torch  # noqa: PLC0415
+
+    from kdtree.engine.api import decode_loop  # noqa: PLC0415
+    from kdtree.engine.backends import get_backend  # noqa: PLC0415
+    from kdtree.engine.drafters import get_drafter  # noqa: PLC0415
+    from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
+    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
+
+    spec = get_drafter(drafter)
+    slots = sum(len(p) + new_tokens + budget + spec.max_depth + 2 for p in prompts) + 64
+    pool = KVPool(model.config.num_layers, slots, dtype=model.dtype, device=model.device)
+    runners = {name: Runner(model, pool, get_backend(name)) for name in backends}
+    requests = [Request(i, p, new_tokens) for i, p in enumerate(prompts)]
+    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    runners[prefill_backend or backends[0]].prefill(requests)
+    sync()
+    prefill_s = time.perf_counter() - t0
+    base = {r.rid: list(pool.req_to_token[r.rid]) for r in requests}
+    first = {r.rid: list(r.output) for r in requests}
+    rates: dict[str, list[float]] = {name: [] for name in backends}
+    tokens: dict[str, list[list[int]]] = {}
+    accepted: dict[str, float] = {}
+    for _ in range(rounds):
+        for name in backends:
+            for r in requests:  # back to the state right after prefill
+                extra = pool.req_to_token[r.rid][len(base[r.rid]):]
+                if extra:
+                    pool.free(extra)
+                pool.req_to_token[r.rid] = list(base[r.rid])
+                r.output = list(first[r.rid])
+            sync()
+            t = time.perf_counter()
+            stats = decode_loop(runners[name], requests, spec, budget, release=False)
+            sync()
+            elapsed = time.perf_counter() - t
+            made = sum(len(r.output) - len(first[r.rid]) for r in requests)
+            rates[name].append(made / elapsed)
+            tokens[name] = [list(r.output) for r in requests]
+            accepted[name] = stats.mean_accepted
+    return {"tokens_per_s": {n: statistics.median(v) for n, v in rates.items()}, "runs": rates, "tokens": tokens,
+            "mean_accepted": accepted, "prefill_s": prefill_s}
+
+
+def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, runs=DECODE_RUNS,
+                         new_tokens: int = DECODE_NEW_TOKENS, device: str = "cuda", backends=("kernel", "triton"),
+                         drafter: str = "ddtree", budget: int = TREE_BUDGET) -> GateResult:
+    """End-to-end speculative decode tokens/s, kernel vs Triton backend, same prompts, same start state."""
+    from kdtree.gates.metric import check_metric  # noqa: PLC0415
+
+    model = _model(preset_name, device)
+    rng = random.Random(ctx.fresh_seed())
+    figures: dict[str, float] = {}
+    details: dict[str, Any] = {"drafter": drafter, "budget": budget, "new_tokens": new_tokens, "preset": preset_name,
+                               "runs": []}
+    same = 1.0
+    for context, batch in runs:
+        ctx.progress(f"decode at L={context} B={batch}: prefill, then {'/'.join(backends)} interleaved", None)
+        prompts = [_prompt(model.config.vocab_size, context, rng) for _ in range(batch)]
+        got = timed_decode(model, prompts, backends, drafter, budget, new_tokens)
+        cand, base = (got["tokens_per_s"][n] for n in backends)
+        label = context_label(context)
+        figures[f"decode_speedup_{label}"] = cand / base
+        figures[f"{backends[0]}_tokens_per_s_{label}"] = cand
+        figures[f"{backends[1]}_tokens_per_s_{label}"] = base
+        if got["tokens"][backends[0]] != got["tokens"][backends[1]]:
+            same = 0.0
+        details["runs"].append({"context": context, "batch": batch, "prefill_s": got["prefill_s"],
+                                "tokens_per_s": got["tokens_per_s"], "all_runs": got["runs"],
+                                "mean_accepted": got["mean_accepted"],
+                                "same_tokens": got["tokens"][backends[0]] == got["tokens"][backends[1]]})
+    figures["same_tokens"] = same
+    return check_metric(spec, figures, ctx, details=details)

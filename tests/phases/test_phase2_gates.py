@@ -1,0 +1,166 @@
+"""Phase 2's gates bound to this project: they pass on the real thing and fail, for the stated
+reason, on broken candidates. On the CPU the GPU pieces are swapped for CPU ones with the same
+interface (the torch backend for the kernel backend, the oracle for the CUDA op, the fp64
+layout oracle for SGLang's Triton kernel, small contexts); the GPU run uses the defaults.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kdtree.engine.backends import TorchBackend, dense_attention, register_backend
+from kdtree.gates.base import GateContext, Outcome, run_check
+from kdtree.gates.spec import Threshold
+from kdtree.integrations.sglang.fixtures import sglang_layout_reference
+from kdtree.kernels.reference import tree_verify_mla_reference
+from kdtree.phases import phase2_backend, phase2_work
+
+CTX = GateContext(device="cpu")
+
+
+def _spec(name, **update):
+    return phase2_backend.SPEC.gate(name).model_copy(update={"requires": [], **update})
+
+
+class LeakyMaskBackend(TorchBackend):
+    """Verify sees every tree node (siblings and descendants too): a wrong answer that stays finite."""
+
+    name = "leaky"
+
+    def forward_verify(self, q, kv_cache, meta, sm_scale):
+        meta.tree_mask = meta.tree_mask | 0x7FFFFFFF
+        return dense_attention(q, kv_cache, meta, sm_scale)
+
+
+register_backend("test-leaky", LeakyMaskBackend)
+
+
+def test_spec_names_gates_and_targets():
+    names = [g.name for g in phase2_backend.SPEC.gates]
+    assert names == ["token_exact", "sglang_parity", "verify_speedup", "decode_speedup"]
+    assert set(phase2_backend.CHECKS) == set(names)
+    assert {t["gate"] for t in phase2_backend.TARGETS.values()} <= set(names)
+    assert phase2_backend.TARGETS["decode_speedup_32k"]["value"] == 3.0
+
+
+# -- token_exact ---------------------------------------------------------------------------------
+def _token_exact(backend, long_prompts=1):
+    spec = _spec("token_exact", min_prompts=4, max_new_tokens=5)
+    return run_check(spec, lambda s, c: phase2_work.check_token_exact(
+        s, c, backend=backend, device="cpu", long_len=160, long_prompts=long_prompts,
+        drafters=(("ddtree", 16), ("ngram", 8))), CTX)
+
+
+def test_token_exact_passes_the_torch_backend():
+    result = _token_exact("torch")
+    assert result.outcome is Outcome.PASSED, result.summary
+    assert {f.name for f in result.figures} >= {"exact_fraction", "longest_prompt"}
+
+
+def test_token_exact_fails_a_backend_with_a_leaky_mask():
+    result = _token_exact("test-leaky")
+    assert result.outcome is Outcome.FAILED
+    assert "diverge" in result.summary, result.summary
+
+
+def test_token_exact_fails_without_a_long_prompt():
+    result = _token_exact("torch", long_prompts=0)
+    assert result.outcome is Outcome.FAILED
+    assert "the longest prompt has" in result.summary, result.summary
+
+
+# -- sglang_parity -------------------------------------------------------------------------------
+CPU_PARITY = [c for c in phase2_work.PARITY_CASES if "L32k" not in c[0] and c[1] <= 16]
+
+
+def _parity(op):
+    spec = _spec("sglang_parity", trials=1)
+    return run_check(spec, lambda s, c: phase2_work.check_sglang_parity(
+        s, c, reference=sglang_layout_reference, candidate_op=op, device="cpu", cases=CPU_PARITY), CTX)
+
+
+def test_sglang_parity_passes_the_backend_path():
+    result = _parity(tree_verify_mla_reference)
+    assert result.outcome is Outcome.PASSED, result.summary
+
+
+def test_sglang_parity_fails_a_leaky_mask():
+    def leaky(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
+
+    result = _parity(leaky)
+    assert result.outcome is Outcome.FAILED
+    assert "rel" in result.summary.lower() or "max" in result.summary.lower(), result.summary
+
+
+def test_sglang_parity_fails_a_kernel_that_leaves_rows_unwritten():
+    def lazy(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
+        full = tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale)
+        out[1:] = full[1:]
+        return out
+
+    result = _parity(lazy)
+    assert result.outcome is Outcome.FAILED
+    assert "unwritten" in result.summary, result.summary
+
+
+def test_sglang_parity_is_skipped_not_passed_without_sglang():
+    result = run_check(_spec("sglang_parity", trials=1),
+                       lambda s, c: phase2_work.check_sglang_parity(s, c, device="cpu"), CTX)
+    assert result.outcome is Outcome.SKIPPED and "cannot be imported" in result.reason
+
+
+# -- verify_speedup ------------------------------------------------------------------------------
+def _verify_speed(backends, **thresholds):
+    spec = _spec("verify_speedup", warmup=1, repeats=3, **thresholds)
+    return run_check(spec, lambda s, c: phase2_work.check_verify_speedup(
+        s, c, preset_name="tiny", contexts=(64, 200), batch=2, budget=8, device="cpu", backends=backends,
+        with_converter=False), CTX)
+
+
+def test_verify_speedup_measures_the_step_and_its_breakdown():
+    result = _verify_speed(("torch", "reference"), min_median_speedup=1e-3, min_each_speedup=1e-3)
+    assert result.outcome is Outcome.PASSED, result.summary
+    parts = result.details["step_breakdown_ms"]["64"]["torch"]
+    assert parts["step_ms"] > 0 and 0 < parts["attention_share"] <= 1.5
+    assert {"speedup_64", "speedup_200", "attention_share_torch_200"} <= {f.name for f in result.figures}
+
+
+def test_verify_speedup_fails_a_candidate_that_disagrees():
+    result = _verify_speed(("test-leaky", "reference"), min_median_speedup=1e-3, min_each_speedup=1e-3)
+    assert result.outcome is Outcome.FAILED
+    assert "disagree" in result.summary, result.summary
+
+
+def test_verify_speedup_fails_a_candidate_that_is_not_faster():
+    result = _verify_speed(("reference", "torch"), min_median_speedup=1e6, min_each_speedup=1e6)
+    assert result.outcome is Outcome.FAILED
+    assert any(f.name == "median_speedup" and f.ok is False for f in result.figures)
+
+
+# -- decode_speedup ------------------------------------------------------------------------------
+def _decode(backends, bound=1e-3):
+    spec = _spec("decode_speedup", thresholds=[
+        Threshold(figure="decode_speedup_48", op=">=", value=bound, unit="x"),
+        Threshold(figure="same_tokens", op="==", value=1.0)])
+    return run_check(spec, lambda s, c: phase2_work.check_decode_speedup(
+        s, c, preset_name="tiny", runs=((48, 2),), new_tokens=4, device="cpu", backends=backends,
+        drafter="ddtree", budget=8), CTX)
+
+
+def test_decode_speedup_passes_two_exact_backends():
+    result = _decode(("torch", "reference"))
+    assert result.outcome is Outcome.PASSED, result.summary
+    assert result.details["runs"][0]["same_tokens"]
+
+
+def test_decode_speedup_fails_when_tokens_differ():
+    result = _decode(("test-leaky", "torch"))
+    assert result.outcome is Outcome.FAILED
+    assert "same_tokens" in result.summary, result.summary
+
+
+def test_decode_speedup_fails_a_slow_candidate():
+    result = _decode(("reference", "torch"), bound=1e6)
+    assert result.outcome is Outcome.FAILED
+    assert "decode_speedup_48" in result.summary, result.summary
