@@ -23,3 +23,16 @@ def not_yet_checks(spec: PhaseSpec, reason: str) -> dict[str, Callable[..., Gate
         return not_implemented(gate_spec.name, gate_spec.kind, reason)
 
     return {gate.name: pending for gate in spec.gates}
+
+
+def with_targets(spec: PhaseSpec, targets: dict[str, list]) -> PhaseSpec:
+    """``spec`` with ``targets[gate name]`` (a list of `kdtree.gates.spec.Target`) set on its gates.
+
+    A name that is no gate of the spec is refused: a target that silently attaches to nothing
+    would read as "not measured" forever."""
+    unknown = set(targets) - {gate.name for gate in spec.gates}
+    if unknown:
+        raise ValueError(f"{spec.id}: targets name gates the spec lacks: {sorted(unknown)}")
+    gates = [gate.model_copy(update={"targets": list(gate.targets) + list(targets.get(gate.name, []))})
+             for gate in spec.gates]
+    return spec.model_copy(update={"gates": gates})

@@ -242,11 +242,14 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
 
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
     op = candidate_fn or tree_verify_mla
+    floor_s = lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate)  # noqa: E731
     result = check_speedup(spec, configs, lambda c: op(*case_args(c)),
-                           lambda c: baseline_fn(*case_args(c)), ctx,
-                           timer=_gpu_timer(),
-                           floor_s=lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate))
+                           lambda c: baseline_fn(*case_args(c)), ctx, timer=_gpu_timer(), floor_s=floor_s)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
+    if baseline_name == "triton":
+        from kdtree.phases.phase1_peers import add_fa2_figures  # noqa: PLC0415
+
+        add_fa2_figures(result, spec, configs, ctx, op, _gpu_timer(), floor_s)
     return result
 
 

@@ -78,6 +78,15 @@ TARGETS = {
     "exact_fraction": {"gate": "token_exact", "op": ">=", "value": 1.0},
 }
 
+from kdtree.gates.spec import Target  # noqa: E402
+from kdtree.phases import with_targets  # noqa: E402
+
+_by_gate: dict[str, list] = {}
+for _figure, _t in TARGETS.items():
+    _by_gate.setdefault(_t["gate"], []).append(
+        Target(figure=_figure, op=_t["op"], value=_t["value"], unit=_t.get("unit", ""), note=_t.get("note", "")))
+SPEC = with_targets(SPEC, _by_gate)
+
 from kdtree.phases import phase2_work as _work  # noqa: E402
 
 CHECKS = {
