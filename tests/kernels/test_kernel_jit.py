@@ -63,7 +63,7 @@ def test_compiled_object_names_every_kernel_ptxas_compiled_with_its_launch_smem(
     by_variant = {r.variant: r for r in build.smem_records if r.variant}
     assert sorted(by_variant) == sorted(VARIANTS.values())
     for r in by_variant.values():
-        assert 90000 < r.dynamic_smem_bytes <= 101376 and r.threads in (256, 288)
+        assert 80000 < r.dynamic_smem_bytes <= 101376 and r.threads in (256, 288)
     # the base kernel's layout: two 32-key stages of padded 576-wide rows, partial scores, P, stats
     assert by_variant[VARIANTS["base16"]].dynamic_smem_bytes == 2 * 32 * 584 * 2 + 4 * 16 * 40 * 4 + 16 * 40 * 2 + 3 * 16 * 4
 
