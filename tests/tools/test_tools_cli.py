@@ -33,13 +33,16 @@ def test_roofline_refuses_rates_that_are_not_positive(flag, value):
 
 
 def test_roofline_into_a_closed_pipe_ends_quietly():
-    # `python -m kdtree.tools.roofline | head -3`: the reader leaves after three lines
-    proc = subprocess.Popen([sys.executable, "-m", "kdtree.tools.roofline"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == cli.SIGPIPE_EXIT, err
+    # `python -m kdtree.tools.roofline | head -0`: the reader is gone before the table is written
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kdtree.tools.roofline"], stdout=write_end,
+                                stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == cli.SIGPIPE_EXIT, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
 
 
