@@ -4,8 +4,11 @@ Protocol: ``compile_arch(arch) -> BuildOutput`` compiles the project's CUDA code
 (``"sm_90"``, ``"sm_120"``, ...) with ``-Xptxas -v`` and returns ptxas' report, the SASS
 (``cuobjdump --dump-sass``; empty when it could not be dumped), the return code and the command.
 `nvcc_compiler` builds such a callable for one .cu file. Dynamic shared memory is not in ptxas'
-report: the project declares it per kernel (mangled name, as ptxas prints it) in
-``BuildOutput.dynamic_smem_bytes`` and it is added to the kernel's static smem.
+report: the project gives it per kernel (mangled name, as ptxas prints it) in
+``BuildOutput.dynamic_smem_bytes`` and it is added to the kernel's static smem. A project that
+reads these figures from the compiled binary says so (``dynamic_smem_source``) and sets
+``dynamic_smem_required``: then an entry kernel without a figure fails the gate instead of
+counting as 0 bytes, so a kernel the figures do not know cannot slip past the limit.
 
 Limits per kernel: registers, spill bytes (the larger of spill stores and loads), stack (the
 larger of the frame and the cumulative stack size), shared memory (static + dynamic). Functions
@@ -66,6 +69,8 @@ class BuildOutput:
     returncode: int = 0
     command: str | list[str] = ""
     dynamic_smem_bytes: dict[str, int] = field(default_factory=dict)
+    dynamic_smem_required: bool = False  # every entry kernel must have a figure (0 for none)
+    dynamic_smem_source: str = ""  # where the figures come from, for the record
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
@@ -241,7 +246,8 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     opcodes; unknown, so failing, when an arch's SASS is missing) and ``kernels_over_limits``
     (key). A failed compile gives the arch's figures no value, and its log tail in the summary.
     Details: ``kernels`` (a row per function), ``forbidden_hits`` (the first 100),
-    ``forbidden_counts`` (per arch), ``commands``, ``compile_errors``, ``sass_missing``.
+    ``forbidden_counts`` (per arch), ``commands``, ``compile_errors``, ``sass_missing``,
+    ``dynamic_smem_sources`` (per arch, where given).
     """
     figures: list[Figure] = []
     rows: list[dict] = []
@@ -253,6 +259,7 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     over = 0
     built = 0
     sass_missing: list[str] = []
+    smem_sources: dict[str, str] = {}
     for i, arch in enumerate(spec.archs):
         ctx.progress(f"build {arch}", i / len(spec.archs))
         out = compile_arch(arch)
@@ -274,10 +281,15 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
         if unknown:
             raise ValueError(f"{arch}: dynamic smem declared for {unknown}, which ptxas did not report; "
                              f"its kernels are {sorted(names)}")
+        if out.dynamic_smem_source:
+            smem_sources[arch] = out.dynamic_smem_source
         for k in kernels:
             if k.entry:
                 k.dynamic_smem_bytes = int(out.dynamic_smem_bytes.get(k.function, 0))
             v = _violations(spec, k)
+            if k.entry and out.dynamic_smem_required and k.function not in out.dynamic_smem_bytes:
+                v.append("no dynamic shared-memory figure for this kernel "
+                         f"({out.dynamic_smem_source or 'the declared figures'} do not name it)")
             over += bool(v)
             if v:
                 messages.append(f"{arch} {k.function}: " + ", ".join(v))
@@ -319,7 +331,8 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
         f"{built} archs built, {len(rows)} functions within limits, no forbidden SASS")
     result = verdict(spec.name, spec.kind, figures, summary, kernels=rows, forbidden_hits=hits[:100],
                      forbidden_counts=hit_counts,
-                     commands=commands, compile_errors=errors, sass_missing=sass_missing)
+                     commands=commands, compile_errors=errors, sass_missing=sass_missing,
+                     dynamic_smem_sources=smem_sources)
     if messages and result.outcome is Outcome.PASSED:
         result.outcome = Outcome.FAILED
     return result

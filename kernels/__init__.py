@@ -6,7 +6,9 @@
 Implementations, all with that signature: `tree_verify_mla` (the owned CUDA kernel, built on
 first call by `kdtree.kernels.jit`), `reference.tree_verify_mla_reference` (the oracle),
 `naive.tree_verify_mla_naive` (plain torch) and `triton_baseline.tree_verify_mla_triton`.
-Importing this package needs no GPU, nvcc or triton.
+`cuda_op.launch` is the kernel's call with its variant and KV split count open (tests, tools).
+Importing this package needs no GPU, nvcc or triton. The measurement tools (benchmark, roofline,
+devcheck, ...) live in `kdtree.tools`; this package is the op and its build.
 """
 
 from kdtree.kernels.contract import set_debug  # noqa: F401
@@ -16,7 +18,6 @@ from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_
 def tree_verify_mla(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *,
                     out=None, lse=None):
     """The owned CUDA kernel (bf16 in/out, fp32 accumulation). Builds the extension on first call."""
-    from kdtree.kernels.cuda_op import tree_verify_mla_cuda  # noqa: PLC0415 - lazy: needs nvcc + GPU
+    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415 - lazy: needs nvcc + GPU
 
-    return tree_verify_mla_cuda(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                out=out, lse=lse)
+    return launch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse)

@@ -2,17 +2,20 @@
 
 The launch plan (how many KV splits, which row tile; `kdtree.kernels.launch_plan`) is chosen
 from tensor *shapes* only, so a call never synchronises the device and can be captured in a CUDA
-graph. Split partials go to a per-device workspace allocated once, on the first call for that device: warm up before capture.
+graph. `launch` is the internal entry point: the op contract plus ``variant`` and
+``num_splits``, which force the plan's choices for tests and measurements (the tools'
+``--variant`` / ``--splits``); nothing on the launch path reads the process environment.
+Split partials go to a per-device workspace allocated once, on the first call for that device:
+warm up before capture.
 Pass `out` (and `lse`) to make a call allocation-free.
 
 The host path is kept cheap (it is most of an eager call on small shapes): what a device offers
 (SM count, capability, extension, workspace) is looked up once per device index, plans are
-memoised, and `launch_args` does the rest; `kdtree.kernels.host_path_bench` times it on the CPU.
+memoised, and `launch_args` does the rest; `kdtree.tools.host_path_bench` times it on the CPU.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -20,7 +23,6 @@ import torch
 from kdtree.kernels.contract import LATENT_DIM, Problem, validate
 from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
 
-PLAN_ENV_VARS = ("KDTREE_VARIANT", "KDTREE_SPLITS")
 _PLAN_CACHE_SIZE = 4096
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -104,16 +106,16 @@ def device_state(index: int) -> DeviceState:
     return state
 
 
-def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[int, int]) -> LaunchPlan:
+def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[int, int],
+                variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
     """`plan_launch` for this call, memoised on all it reads: the shapes, the device and the
-    current values of KDTREE_VARIANT and KDTREE_SPLITS (read on every call)."""
-    env = os.environ
+    forced variant and split count (None: the plan's own choice)."""
     key = (problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv,
-           sm_count, capability, *(env.get(name) for name in PLAN_ENV_VARS))
+           sm_count, capability, variant, num_splits)
     plan = _plans.get(key)
     if plan is None:
         plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
-                           num_kv, sm_count, capability)
+                           num_kv, sm_count, capability, variant=variant, num_splits=num_splits)
         if len(_plans) >= _PLAN_CACHE_SIZE:
             _plans.clear()
         _plans[key] = plan
@@ -122,9 +124,10 @@ def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[
 
 def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
                 kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float,
-                out: torch.Tensor, lse: Optional[torch.Tensor], state: DeviceState) -> tuple:
+                out: torch.Tensor, lse: Optional[torch.Tensor], state: DeviceState,
+                variant: Optional[str] = None, num_splits: Optional[int] = None) -> tuple:
     """The argument tuple of `state.ext.run` for a validated call (pointers, sizes, plan, stream)."""
-    plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability)
+    plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability, variant, num_splits)
     ws_o, ws_lse = state.workspace_ptrs
     return (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
             kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
@@ -141,11 +144,12 @@ def _run(state: DeviceState, args: tuple) -> None:
             state.ext.run(*args)
 
 
-def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
-                         kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor,
-                         sm_scale: float, *, out: Optional[torch.Tensor] = None,
-                         lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MLA tree-verify attention with the owned CUDA kernel (the op contract, bf16).
+def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+           kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
+           out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
+           variant: Optional[str] = None, num_splits: Optional[int] = None) -> torch.Tensor:
+    """The op contract with the launch plan's choices open: ``variant`` (a name of
+    `launch_plan.VARIANTS`) and ``num_splits`` force them (None: chosen from the shapes).
 
     Never synchronises the device; after the first call on a device it allocates nothing but
     `out`, and only when none is passed.
@@ -158,5 +162,5 @@ def tree_verify_mla_cuda(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: tor
     if out is None:
         out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
     _run(state, launch_args(problem, q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                            out, lse, state))
+                            out, lse, state, variant, num_splits))
     return out

@@ -9,7 +9,9 @@ pointers, so the binary does not depend on the torch version.
 
 `compile_arch(arch)` compiles the kernel translation unit for one arch with ptxas' resource
 report (and the SASS, where cuobjdump is found): what `python -m kdtree.kernels.build` prints
-and what phase 1's build gate checks. It needs nvcc but no GPU.
+and what phase 1's build gate checks. The dynamic shared memory each kernel is launched with is
+read from the compiled object (`smem_records`: the launcher's own constants, kept there as
+data), so no figure is re-derived here. It needs nvcc but no GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -182,6 +185,34 @@ def load_extension(archs: Sequence[str]):
     return _loaded[key]
 
 
+@dataclass(frozen=True)
+class SmemRecord:
+    """One kernel's launch figures, as the compiled launcher holds them (csrc/tree_verify_mla.cu)."""
+
+    kernel: str  # mangled name, as ptxas reports it
+    variant: int  # launch_plan.VARIANTS id; 0 for a kernel launched without dynamic shared memory
+    threads: int
+    dynamic_smem_bytes: int
+
+
+SMEM_RECORD_TAG = b"kdtree-smem-v1".ljust(16, b"\0")
+_SMEM_RECORD = struct.Struct("<16s3i116s")
+
+
+def smem_records(binary: bytes) -> list[SmemRecord]:
+    """The `kdtree_smem_records` of a compiled object or extension, in the order they were written.
+
+    Raises JitError when there are none (a binary built from other sources, or stripped)."""
+    records, start = [], 0
+    while (at := binary.find(SMEM_RECORD_TAG, start)) >= 0:
+        _, variant, threads, nbytes, name = _SMEM_RECORD.unpack_from(binary, at)
+        records.append(SmemRecord(name.split(b"\0", 1)[0].decode(), variant, threads, nbytes))
+        start = at + _SMEM_RECORD.size
+    if not records:
+        raise JitError("the compiled object holds no kdtree_smem_records (csrc/tree_verify_mla.cu defines them)")
+    return records
+
+
 @dataclass
 class ArchBuild:
     """One arch's compile of the kernel translation unit, with ptxas' report and the SASS."""
@@ -191,35 +222,12 @@ class ArchBuild:
     returncode: int
     ptxas_log: str
     sass: str = ""
-    dynamic_smem_bytes: dict[str, int] = field(default_factory=dict)
+    smem_records: list[SmemRecord] = field(default_factory=list)
 
-
-def dynamic_smem_bytes() -> dict[str, int]:
-    """Dynamic shared memory each kernel is launched with, by mangled name (ptxas cannot see it).
-
-    Mirrors SmemLayout<MT>, ws::Smem and g64::Smem in csrc/; tests/kernels/test_jit.py checks these against
-    the compiled extension's own `shared_bytes`.
-    """
-    block_n, krow, red_stride, p_stride = 32, 576 + 8, 40, 40
-    stages = 2 * block_n * krow * 2
-    sizes = {}
-    for mt in (1, 2):
-        bm = 16 * mt
-        sizes[f"_ZN6kdtree22tree_verify_mla_kernelILi{mt}EEEvNS_16TreeVerifyParamsE"] = (
-            stages + 4 * bm * red_stride * 4 + bm * p_stride * 2 + 3 * bm * 4)
-    groups, rows = 2, 16
-    sizes["_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"] = (
-        stages + groups * (4 * rows * red_stride * 4 + rows * p_stride * 2 + 3 * rows * 4) + 4 * 8)
-    rows, bn, ring = 32, 16, 4  # g64: 16-key tiles in a four-stage ring
-    sizes["_ZN6kdtree26tree_verify_mla_g64_kernelENS_16TreeVerifyParamsE"] = (
-        ring * bn * krow * 2 + groups * (4 * rows * (bn + 4) * 4 + rows * (bn + 8) * 2 + 3 * rows * 4) + ring * (8 + 4))
-    return sizes
-
-
-VARIANT_KERNELS = {1: "_ZN6kdtree22tree_verify_mla_kernelILi1EEEvNS_16TreeVerifyParamsE",
-                   2: "_ZN6kdtree22tree_verify_mla_kernelILi2EEEvNS_16TreeVerifyParamsE",
-                   3: "_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE",
-                   4: "_ZN6kdtree26tree_verify_mla_g64_kernelENS_16TreeVerifyParamsE"}
+    @property
+    def dynamic_smem_bytes(self) -> dict[str, int]:
+        """Dynamic shared memory per kernel (mangled name), from the binary's records."""
+        return {r.kernel: r.dynamic_smem_bytes for r in self.smem_records}
 
 
 def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:
@@ -231,11 +239,12 @@ def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:
         cmd = [nvcc, *BASE_FLAGS, *extra_flags(), *gencode(arch), "-Xptxas", "-v", f"-I{CSRC}", "-c",
                str(CSRC / "tree_verify_mla.cu"), "-o", str(obj)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        text = ""
-        if sass and proc.returncode == 0:
-            cuobjdump = find_cuobjdump()
+        text, records = "", []
+        if proc.returncode == 0:
+            records = smem_records(obj.read_bytes())
+            cuobjdump = find_cuobjdump() if sass else None
             if cuobjdump:
                 dump = subprocess.run([cuobjdump, "--dump-sass", str(obj)], capture_output=True, text=True)
                 text = dump.stdout if dump.returncode == 0 else ""
     return ArchBuild(arch=arch, command=cmd, returncode=proc.returncode, ptxas_log=proc.stdout + proc.stderr,
-                     sass=text, dynamic_smem_bytes=dynamic_smem_bytes())
+                     sass=text, smem_records=records)

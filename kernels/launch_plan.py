@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
+from typing import Optional
 
 BLOCK_N = 32
 WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
 MAX_SPLITS = 1024
 
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "g64": 4}
-BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3}  # name -> id of the launcher (csrc/tree_verify_mla.cu)
+BLOCK_M = {1: 16, 2: 32, 3: 32}
+NEEDS_SM90 = {"ws"}  # bulk copy engine + mbarriers
 
 # Cost-model constants, in tile units (see the module docstring).
 CTA_OVERHEAD_TILES = 3.0  # Q fragments, pipeline fill, epilogue
@@ -38,8 +39,8 @@ class LaunchPlan:
     """How one call is cut up: KV splits per request, kernel variant, grid rows per request.
 
     `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
-    kernel (32 rows per CTA, bulk-copy producer warp); 4 is the 64-row kernel of two 32-row
-    warp groups. 3 and 4 use the bulk copy engine and mbarriers, so they need sm_90 or newer.
+    kernel (32 rows per CTA, bulk-copy producer warp), which uses the bulk copy engine and
+    mbarriers and so needs sm_90 or newer.
     """
 
     num_splits: int
@@ -51,14 +52,15 @@ class LaunchPlan:
         return BLOCK_M[self.variant]
 
 
-def choose_variant(rows_per_request: float, capability: tuple[int, int]) -> int:
+def choose_variant(rows_per_request: float, capability: tuple[int, int], forced: Optional[str] = None) -> int:
     """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel (base32
-    before sm_90). KDTREE_VARIANT overrides; g64 is opt-in only: on the H200 it measured slower
-    than ws on every shape tried (plan 0002, phase 1, version v3)."""
-    forced = os.environ.get("KDTREE_VARIANT")
-    if forced:
+    before sm_90). ``forced`` (a name of VARIANTS) overrides, for tests and measurements."""
+    if forced is not None:
         if forced not in VARIANTS:
-            raise ValueError(f"KDTREE_VARIANT={forced!r}: expected one of {sorted(VARIANTS)}")
+            raise ValueError(f"variant {forced!r}: expected one of {sorted(VARIANTS)}")
+        if forced in NEEDS_SM90 and tuple(capability) < (9, 0):
+            raise ValueError(f"variant {forced!r} needs sm_90 or newer (bulk copy, mbarrier); this device is "
+                             f"sm_{capability[0]}{capability[1]}: use base16 or base32")
         return VARIANTS[forced]
     if rows_per_request <= 16:
         return 1
@@ -109,23 +111,25 @@ def _choose_splits(ctas: int, tiles: int, total_rows: int, slots: int) -> int:
 
 
 def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
-                sm_count: int, capability: tuple[int, int] = (9, 0)) -> LaunchPlan:
+                sm_count: int, capability: tuple[int, int] = (9, 0), *, variant: Optional[str] = None,
+                num_splits: Optional[int] = None) -> LaunchPlan:
     """Choose the variant, splits and grid from shapes (see the module docstring).
 
-    KDTREE_SPLITS=N forces the split count (clamped to what the workspace holds), for experiments.
+    ``variant`` (a name of VARIANTS) and ``num_splits`` force those choices, for tests and
+    measurements; a forced split count is clamped to what the workspace holds (1 when even one
+    split's partials would not fit, as the automatic choice does).
     """
     total_rows = num_rows * num_heads
     rows_per_request = total_rows / batch
-    variant = choose_variant(rows_per_request, capability)
-    block_m = BLOCK_M[variant]
+    variant_id = choose_variant(rows_per_request, capability, variant)
+    block_m = BLOCK_M[variant_id]
     max_tree = min(num_rows, 32 * mask_words)
     grid_y = math.ceil(max_tree * num_heads / block_m)
     ctas = batch * math.ceil(rows_per_request / block_m)
-    forced = os.environ.get("KDTREE_SPLITS")
-    if forced:
-        splits = max(1, min(int(forced), MAX_SPLITS, WORKSPACE_ROWS // total_rows or 1))
-        if total_rows > WORKSPACE_ROWS:
-            splits = 1
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+            raise ValueError(f"num_splits: expected a whole number >= 1, got {num_splits!r}")
+        splits = 1 if total_rows > WORKSPACE_ROWS else min(num_splits, MAX_SPLITS, WORKSPACE_ROWS // total_rows)
     else:
         splits = choose_splits(ctas, num_kv / batch, total_rows, sm_count)
-    return LaunchPlan(num_splits=splits, variant=variant, grid_y=grid_y)
+    return LaunchPlan(num_splits=splits, variant=variant_id, grid_y=grid_y)

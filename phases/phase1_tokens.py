@@ -45,7 +45,9 @@ class CountedBackend:
         self.name = getattr(inner, "name", "?")
         resolved = getattr(inner, "op", None) if hasattr(type(inner), "op") else None
         if resolved is op_under_test:
-            inner._op = self._counting(op_under_test)  # OpBackend resolves its op through _op
+            resolve, counted = inner._op, self._counting(op_under_test)
+            # OpBackend resolves each mode's op through _op(which): count where it is the op under test
+            inner._op = lambda which: counted if resolve(which) is op_under_test else resolve(which)
         forward_verify = inner.forward_verify
 
         def counted_verify(q, kv_cache, meta, sm_scale):

@@ -57,7 +57,7 @@ def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
 
 
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
-    from kdtree.kernels.cases import make_case  # noqa: PLC0415
+    from kdtree.tools.cases import make_case  # noqa: PLC0415
 
     return make_case(H, jittered(reqs, seed), kind, seed, device=device)
 
@@ -76,7 +76,8 @@ def check_build(spec, ctx: GateContext) -> GateResult:
         ctx.progress(f"nvcc {arch}", None)
         b = compile_arch(arch)
         return BuildOutput(ptxas_log=b.ptxas_log, sass=b.sass, returncode=b.returncode, command=b.command,
-                           dynamic_smem_bytes=b.dynamic_smem_bytes)
+                           dynamic_smem_bytes=b.dynamic_smem_bytes, dynamic_smem_required=True,
+                           dynamic_smem_source="the compiled object's kdtree_smem_records")
 
     return run(spec, compile_one, ctx)
 
@@ -88,10 +89,12 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
     import torch  # noqa: PLC0415
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
-    from kdtree.kernels.cases import oracle  # noqa: PLC0415
     from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
+    from kdtree.phases.phase1_coverage import accuracy_cases as coverage  # noqa: PLC0415
+    from kdtree.tools.cases import oracle  # noqa: PLC0415
 
-    if candidate_fn is None:
+    own_kernel = candidate_fn is None
+    if own_kernel:
         from kdtree.kernels import tree_verify_mla as candidate_fn  # noqa: PLC0415
 
     def case(name, H, reqs, kind, make=_kernel_inputs, label="random"):
@@ -106,8 +109,9 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
                                    device=inp["q"].device)})
 
     def candidate(inp, outs):
-        out = candidate_fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-                           inp["tree_mask"], inp["sm_scale"], out=outs.get("out"), lse=outs.get("lse"))
+        fn = inp.get("launch") or candidate_fn  # coverage cases force a variant / split count
+        out = fn(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+                 inp["tree_mask"], inp["sm_scale"], out=outs.get("out"), lse=outs.get("lse"))
         return {"out": out}
 
     def reference(inp):
@@ -117,6 +121,8 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
     all_cases = [case(*c) for c in (ACCURACY_CASES if cases is None else cases)]
     all_cases += [case(*c, make=_structured_inputs, label="dominant keys")
                   for c in (STRUCTURED_CASES if structured is None else structured)]
+    if own_kernel and cases is None:  # every variant, split counts of other GPUs, slots past 2^31 elements
+        all_cases += coverage(ACCURACY_CASES)
     return run(spec, all_cases, candidate, reference, ctx, row_scale=lambda inp, exp: {"out": row_scale(inp)})
 
 
@@ -196,18 +202,17 @@ class _Pool:
     """One random bf16 pool of >= 8 GB per gate run, shared by its configs."""
 
     def __init__(self, gb: float):
-        from kdtree.kernels.bench import make_pool  # noqa: PLC0415
+        from kdtree.tools.cases import make_pool, pool_slots_for  # noqa: PLC0415
 
-        self.tensor = make_pool(gb)
+        self.tensor = make_pool(pool_slots_for(gb))
 
 
 def _gpu_timer():
-    """The benchmark's timer: L2 wiped (by reading) and a `kernels.bench.LEAD_S` GPU busy-wait
-    queued before each call, so the events measure GPU time, not host enqueue time."""
-    from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
-    from kdtree.kernels.bench import LEAD_S  # noqa: PLC0415
+    """The tools' timer (`kdtree.tools.timing.gpu_timer`): L2 wiped (by reading) and a GPU
+    busy-wait queued before each call, so the events measure GPU time, not host enqueue time."""
+    from kdtree.tools.timing import gpu_timer  # noqa: PLC0415
 
-    return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
+    return gpu_timer()
 
 
 def refresh_queries(case: dict, seed: int) -> None:
@@ -223,8 +228,9 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
     are redrawn in place between timed rounds (`refresh_queries`)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.kernels.bench import case_args, make_case, measure_ceilings  # noqa: PLC0415
-    from kdtree.kernels.roofline import Shape, floor_seconds  # noqa: PLC0415
+    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
+    from kdtree.tools.roofline import Shape, floor_seconds  # noqa: PLC0415
+    from kdtree.tools.timing import measure_ceilings  # noqa: PLC0415
 
     if baseline_name == "triton":
         from kdtree.kernels.triton_baseline import tree_verify_mla_triton as baseline_fn  # noqa: PLC0415
@@ -237,7 +243,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
     def config(H, T, B, L):
         return SpeedConfig(
             name=f"H{H} T{T} B{B} L{L // 1024}k", params={"H": H, "T": T, "B": B, "L": L},
-            make_inputs=lambda seed, device: make_case(H, T, B, L, "scattered", pool, seed),
+            make_inputs=lambda seed, device: uniform_case(H, T, B, L, "scattered", pool, seed),
             refresh=refresh_queries)
 
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
@@ -266,14 +272,14 @@ def check_scatter(spec, ctx: GateContext) -> GateResult:
     interleaved; host enqueue time per layout in the details."""
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.kernels.bench import case_args, make_case  # noqa: PLC0415
+    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
 
     pool = _Pool(8.0).tensor
     timer = _gpu_timer()
     rows = []
     for H, T, B, L in SCATTER_CONFIGS:
         seed = ctx.fresh_seed()
-        cases = {lay: [make_case(H, T, B, L, lay, pool, seed + i) for i in range(3)]
+        cases = {lay: [uniform_case(H, T, B, L, lay, pool, seed + i) for i in range(3)]
                  for lay in ("scattered", "contiguous")}
         times = {"scattered": [], "contiguous": []}
         host = {"scattered": [], "contiguous": []}
@@ -296,8 +302,8 @@ def check_scatter(spec, ctx: GateContext) -> GateResult:
 
 def check_sanitizer(spec, ctx: GateContext) -> GateResult:
     from kdtree.gates.sanitizer import check_sanitizer as run  # noqa: PLC0415
-    from kdtree.kernels.sanitize_driver import DONE_MARKER  # noqa: PLC0415
+    from kdtree.tools.sanitize_driver import DONE_MARKER  # noqa: PLC0415
 
-    return run(spec, [sys.executable, "-m", "kdtree.kernels.sanitize_driver"], ctx, require_marker=DONE_MARKER)
+    return run(spec, [sys.executable, "-m", "kdtree.tools.sanitize_driver"], ctx, require_marker=DONE_MARKER)
 
 

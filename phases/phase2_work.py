@@ -87,11 +87,35 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
         details[f"{drafter}_mean_accepted"] = cand.mean_accepted
         details[f"{drafter}_decode_tokens_per_s"] = cand.decode_tokens_per_s
         streams += [(f"{drafter}:{i}", c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref.tokens))]
+    streams += _decoy_streams(model, backend, prompts, ref.tokens, spec.max_new_tokens, ctx, details)
     result = run(spec, streams, ctx)
     result.details.update(details)
     longest = max(map(len, prompts))
     return _hold(result, Figure(name="longest_prompt", value=longest, unit=" tokens", op=">=", threshold=long_len),
                  f"the longest prompt has {longest} tokens, the gate needs one of at least {long_len}")
+
+
+def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ctx: GateContext,
+                   details: dict, count: int = 4) -> list:
+    """One verify step on decoy trees (phase 1's `phase1_tokens.decoy_step`: the greedy path hidden
+    behind branches that only a wrong tree mask lets through) for the short prompts, on `backend`
+    and on the reference over the same KV: drafted trees alone leave margins too wide for a leaky
+    mask to change tokens reliably."""
+    from kdtree.gates.token_exact import Stream  # noqa: PLC0415
+    from kdtree.phases.phase1_tokens import decoy_step  # noqa: PLC0415
+
+    path = min(12, max_new_tokens - 1)
+    picked = [i for i, p in enumerate(prompts) if len(p) <= 64 and len(greedy[i]) > path][:count]
+    if path < 2 or not picked:
+        details["decoy"] = "not run: no short prompt with a long enough greedy continuation"
+        return []
+    ctx.progress(f"decoy verify step on {backend}", 0.95)
+    tree_seed = ctx.fresh_seed()
+    chosen, paths = [prompts[i] for i in picked], [greedy[i] for i in picked]
+    ref_step, pool = decoy_step(model, "reference", chosen, paths, path, tree_seed)
+    cand_step, _ = decoy_step(model, backend, chosen, paths, path, tree_seed, pool=pool)
+    details["decoy_reference_emitted"] = ref_step.emitted
+    return [Stream(f"decoy:{i}", "decoy", c, r) for i, c, r in zip(picked, cand_step.tokens, ref_step.tokens)]
 
 
 # -- sglang_parity -------------------------------------------------------------------------------

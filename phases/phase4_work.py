@@ -320,7 +320,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
 def _timer(device):
     if device.type == "cuda":
         from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
-        from kdtree.kernels.bench import LEAD_S  # noqa: PLC0415
+        from kdtree.tools.timing import LEAD_S  # noqa: PLC0415
 
         return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
     from kdtree.gates.timing import perf_counter_timer  # noqa: PLC0415

@@ -12,11 +12,12 @@ for v in ${*:-ws}; do
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
     --format=csv,noheader -lms 250 > /tmp/clocks_$v.txt &
   smi=$!
-  KDTREE_VARIANT=$v python3 - "$shape" <<'PY'
-import sys, time, torch
-from kdtree.kernels import tree_verify_mla
-from kdtree.kernels.cases import call, make_case
+  python3 - "$shape" "$v" <<'PY'
+import functools, sys, time, torch
+from kdtree.kernels.cuda_op import launch
+from kdtree.tools.cases import call, make_case
 H, T, B, L = (int(x) for x in sys.argv[1].split(","))
+tree_verify_mla = functools.partial(launch, variant=sys.argv[2])
 case = make_case(H, [(T, L)] * B, "random", 1, pool_slots=max(4 * B * (L + T), 1 << 20))
 call(tree_verify_mla, case); torch.cuda.synchronize()
 t0 = time.time(); n = 0

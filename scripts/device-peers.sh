@@ -17,7 +17,7 @@ python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extra
 export FLASHINFER_JIT_VERBOSE=0 MAX_JOBS=16
 _base="$PYTHONPATH"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-[ "${PEER_DEFAULT:-1}" = 1 ] && PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$_base" timeout "${3:-560}" python3 scripts/peers_bench.py \
+[ "${PEER_DEFAULT:-1}" = 1 ] && PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$_base" timeout "${3:-560}" python3 -m kdtree.tools.peers \
   --out "$OUT" --shapes "${1:-issue}" --budget-s "${2:-300}" 2>&1 | tail -100
 if [ "${PEER_SM120_SMEM:-0}" = 1 ]; then
   python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-sm120')"
@@ -25,6 +25,6 @@ if [ "${PEER_SM120_SMEM:-0}" = 1 ]; then
   sed -i 's/cudaDeviceGetAttribute(&smem_limit_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);/smem_limit_per_sm = 102400;/' "$_h"
   grep -c "smem_limit_per_sm = 102400;" "$_h"
   FLASHINFER_WORKSPACE_BASE=/tmp/fiws-sm120 PYTHONPATH="/tmp/fi-sm120:/tmp/fi-tvm:$_base" \
-    timeout "${3:-560}" python3 scripts/peers_bench.py --out "$OUT" --shapes "${1:-issue}" \
+    timeout "${3:-560}" python3 -m kdtree.tools.peers --out "$OUT" --shapes "${1:-issue}" \
     --budget-s "${2:-300}" --backends fa2 --tag sm120smem 2>&1 | tail -40
 fi

@@ -6,7 +6,7 @@ set -u
 source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
-timeout 120 python3 -m kdtree.kernels.devcheck --out "$OUT" --variants ws,base16 --impl none 2>&1 | grep -E "BAD|build" 
+timeout 120 python3 -m kdtree.tools.devcheck --out "$OUT" --variants ws,base16,base32 --impl none 2>&1 | grep -E "BAD|build" 
 timeout 540 python3 -m kdtree.orchestrator --repo . run phase1 --device cuda 2>&1 | tail -40
 cp plans/results/phase1/*.json "$OUT/" 2>/dev/null
 cp plans/0002-sm120-verify-kernel-defrag.md "$OUT/" 2>/dev/null

@@ -5,10 +5,10 @@
 set -u
 source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-.}
-timeout 150 python3 -m kdtree.kernels.devcheck --out "$OUT/chk" --variants base16,base32,ws --impl none 2>&1 | grep -E "BAD|build|Error|error|ok  ws" | head -40
+timeout 150 python3 -m kdtree.tools.devcheck --out "$OUT/chk" --variants base16,base32,ws --impl none 2>&1 | grep -E "BAD|build|Error|error|ok  ws" | head -40
 echo "correctness rc=${PIPESTATUS[0]}"
 NCU="ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy --section MemoryWorkloadAnalysis --section SchedulerStats -k regex:tree_verify_mla -c 1"
-KDTREE_VARIANT=base32 timeout 120 $NCU python3 -m kdtree.kernels.devcheck --profile 64,64,8,32768 > "$OUT/ncu_base32.txt" 2>&1
-KDTREE_VARIANT=ws timeout 120 $NCU python3 -m kdtree.kernels.devcheck --profile 64,64,8,32768 > "$OUT/ncu_ws.txt" 2>&1
+timeout 120 $NCU python3 -m kdtree.tools.devcheck --profile 64,64,8,32768 --variant base32 > "$OUT/ncu_base32.txt" 2>&1
+timeout 120 $NCU python3 -m kdtree.tools.devcheck --profile 64,64,8,32768 --variant ws > "$OUT/ncu_ws.txt" 2>&1
 for f in base32 ws; do echo "---- ncu $f"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Issued Warp|Eligible Warps|No Eligible|Achieved Occupancy|L2 Hit|Registers Per|Stall|pipe" "$OUT/ncu_$f.txt" | head -30; done
-timeout 240 python3 -m kdtree.kernels.devcheck --out "$OUT" --time-only --time-variants base32,ws 2>&1 | grep -v "^ok "
+timeout 240 python3 -m kdtree.tools.devcheck --out "$OUT" --time-only --time-variants base32,ws 2>&1 | grep -v "^ok "

@@ -12,9 +12,9 @@ variants=${*:-ws}
 for v in $variants; do
   echo "---- $v  (H,T,B,L = $shape)"
   rep=/tmp/source_$v
-  KDTREE_VARIANT=$v timeout 200 ncu --clock-control none -k regex:tree_verify_mla -c 1 \
+  timeout 200 ncu --clock-control none -k regex:tree_verify_mla -c 1 \
     --section SourceCounters --section WarpStateStats --import-source no -f -o "$rep" \
-    python3 -m kdtree.kernels.devcheck --profile "$shape" > "$OUT/ncu_$v.log" 2>&1
+    python3 -m kdtree.tools.devcheck --profile "$shape" --variant "$v" > "$OUT/ncu_$v.log" 2>&1
   echo "ncu rc=$?"; tail -3 "$OUT/ncu_$v.log"
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/source_$v.csv" 2> "$OUT/source_$v.err"
   echo "export rc=$?"; head -c 600 "$OUT/source_$v.err"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call: time the kernel built with each set of experiment flags (KDTREE_NVCC_FLAGS, e.g.
 # -DKD_L2_PREFETCH=2 or -DKD_SKIP=8) and each variant, on the same configs.
-#   CONFIGS="64,16,8,32768;8,16,1,131072" VARIANTS="ws g64" bash scripts/sweep-flags.sh "" "-DKD_SKIP=8"
+#   CONFIGS="64,16,8,32768;8,16,1,131072" VARIANTS="ws base16" bash scripts/sweep-flags.sh "" "-DKD_SKIP=8"
 # Every flag set is built first, in parallel (the JIT cache keys on the flags); "" is the
-# production build; VARIANTS empty = the dispatcher's choice. Timing is devcheck's (CUDA events).
+# production build; VARIANTS empty = the dispatcher's choice. Timing is devcheck's (the tools' queued timer).
 set -u
 source "$(dirname "$0")/device-env.sh"
 OUT=${OUT:-.}
@@ -17,8 +17,8 @@ echo "built $# flag sets in $(( $(date +%s) - t0 )) s"
 for v in ${VARIANTS:-auto}; do
   for f in "$@"; do
     echo "==== variant $v  flags '$f'"
-    forced=$v; [ "$v" = auto ] && forced=""
-    KDTREE_NVCC_FLAGS="$f" KDTREE_VARIANT="$forced" python3 -m kdtree.kernels.devcheck --time-only --impl cuda \
+    forced=(); [ "$v" = auto ] || forced=(--variant "$v")
+    KDTREE_NVCC_FLAGS="$f" python3 -m kdtree.tools.devcheck --time-only --impl cuda "${forced[@]}" \
       ${CONFIGS:+--configs "$CONFIGS"} --quick --out "$OUT/sweep" 2>&1 | grep -E "^H|rror"
   done
 done

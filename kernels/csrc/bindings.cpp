@@ -23,7 +23,7 @@ T* ptr(std::uintptr_t p) {
 void run(std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr, std::uintptr_t kv_indptr,
          std::uintptr_t kv_indices, std::uintptr_t tree_mask, std::uintptr_t out, std::uintptr_t lse,
          std::uintptr_t ws_o, std::uintptr_t ws_lse, std::int64_t total_rows, int num_heads, int batch,
-         int mask_words, int num_splits, int grid_y, int m_tiles, double sm_scale, std::uintptr_t stream) {
+         int mask_words, int num_splits, int grid_y, int variant, double sm_scale, std::uintptr_t stream) {
   kdtree::TreeVerifyParams p{};
   p.q = ptr<const __nv_bfloat16>(q);
   p.kv = ptr<const __nv_bfloat16>(kv);
@@ -41,7 +41,7 @@ void run(std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr, std::uin
   p.mask_words = mask_words;
   p.num_splits = num_splits;
   p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
-  cudaError_t err = kdtree::launch_tree_verify_mla(p, grid_y, m_tiles, reinterpret_cast<cudaStream_t>(stream));
+  cudaError_t err = kdtree::launch_tree_verify_mla(p, grid_y, variant, reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("tree_verify_mla launch failed: ") + cudaGetErrorName(err) + ": " +
                              cudaGetErrorString(err));
@@ -53,6 +53,6 @@ void run(std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr, std::uin
 PYBIND11_MODULE(_tree_verify_mla, m) {
   m.doc() = "MLA tree-verify attention (raw-pointer launcher; see kdtree.kernels.cuda_op)";
   m.def("run", &run, "Launch tree-verify attention on the given stream (no allocation, no sync)");
-  m.def("shared_bytes", &kdtree::shared_bytes, "Dynamic shared memory per block for m_tiles");
+  m.def("shared_bytes", &kdtree::shared_bytes, "Dynamic shared memory per block of a variant (-1: unknown)");
   m.attr("block_n") = 32;
 }

@@ -2,82 +2,82 @@
 // stream, the caller's buffers, so the launch can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
-#include "tree_verify_mla.cuh"
-#include "tree_verify_mla_ws.cuh"
-#include "tree_verify_mla_g64.cuh"
+#include "combine_splits.cuh"
+#include "tree_verify_mla_base.cuh"
 #include "tree_verify_mla_launch.h"
+#include "tree_verify_mla_ws.cuh"
 
 namespace kdtree {
 namespace {
 
-template <typename Kernel>
-cudaError_t launch_kernel(Kernel kernel, int smem, int threads, const TreeVerifyParams& p, int grid_y,
-                          cudaStream_t stream, bool (&configured)[64]) {
+using KernelFn = void (*)(TreeVerifyParams);
+
+// The launchable variants, by id (kdtree.kernels.launch_plan.VARIANTS): kernel, block size and
+// the dynamic shared memory it is launched with.
+struct Variant {
+  KernelFn kernel;
+  int threads;
+  int smem;
+};
+constexpr int kNumVariants = 4;
+const Variant kVariants[kNumVariants] = {
+    {nullptr, 0, 0},
+    {tree_verify_mla_kernel<1>, base::kThreads, base::Smem<1>::total},  // base16
+    {tree_verify_mla_kernel<2>, base::kThreads, base::Smem<2>::total},  // base32
+    {tree_verify_mla_ws_kernel, ws::kThreadsWS, ws::Smem::total},       // ws: sm_90+ (bulk copy + mbarrier)
+};
+
+constexpr int kMaxDevices = 64;
+bool configured[kNumVariants][kMaxDevices] = {};  // max dynamic smem raised for (variant, device)
+
+cudaError_t launch_variant(const Variant& v, bool (&done)[kMaxDevices], const TreeVerifyParams& p, int grid_y,
+                           cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !configured[dev]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (dev >= kMaxDevices || !done[dev]) {
+    err = cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
     if (err != cudaSuccess) return err;
-    if (dev < 64) configured[dev] = true;
+    if (dev < kMaxDevices) done[dev] = true;
   }
   dim3 grid(p.num_splits, grid_y, p.batch);
-  kernel<<<grid, threads, smem, stream>>>(p);
+  v.kernel<<<grid, v.threads, v.smem, stream>>>(p);
   err = cudaGetLastError();
-  if (err != cudaSuccess || p.num_splits == 1 || (KD_SKIP & 16)) return err;
+  if (err != cudaSuccess || p.num_splits == 1 || hooks::kSkipCombine) return err;
   combine_splits_kernel<<<dim3(static_cast<unsigned>(p.total_rows), kCombineQuarters), kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <int MT>
-cudaError_t launch_mt(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
-  static bool configured[64] = {false};
-  return launch_kernel(tree_verify_mla_kernel<MT>, SmemLayout<MT>::total, kThreads, p, grid_y, stream, configured);
-}
-
-cudaError_t launch_ws(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
-  static bool configured[64] = {false};
-  return launch_kernel(tree_verify_mla_ws_kernel, ws::Smem::total, ws::kThreadsWS, p, grid_y, stream, configured);
-}
-
-cudaError_t launch_g64(const TreeVerifyParams& p, int grid_y, cudaStream_t stream) {
-  static bool configured[64] = {false};
-  return launch_kernel(tree_verify_mla_g64_kernel, g64::Smem::total, g64::kThreads, p, grid_y, stream, configured);
-}
-
 }  // namespace
 
-cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream) {
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int variant, cudaStream_t stream) {
   if (p.total_rows <= 0 || p.batch <= 0 || grid_y <= 0 || p.num_splits <= 0 || p.num_splits > kMaxSplits)
     return cudaErrorInvalidValue;
   if (grid_y > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
-  switch (m_tiles) {
-    case 1:
-      return launch_mt<1>(p, grid_y, stream);
-    case 2:
-      return launch_mt<2>(p, grid_y, stream);
-    case 3:  // warp-specialised, 32 rows per CTA, sm_90+ (bulk copy + mbarrier)
-      return launch_ws(p, grid_y, stream);
-    case 4:  // 64 rows per CTA in two 32-row groups, sm_90+ (bulk copy + mbarrier)
-      return launch_g64(p, grid_y, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  if (variant <= 0 || variant >= kNumVariants) return cudaErrorInvalidValue;
+  return launch_variant(kVariants[variant], configured[variant], p, grid_y, stream);
 }
 
-int shared_bytes(int m_tiles) {
-  switch (m_tiles) {
-    case 1:
-      return SmemLayout<1>::total;
-    case 2:
-      return SmemLayout<2>::total;
-    case 3:
-      return ws::Smem::total;
-    case 4:
-      return g64::Smem::total;
-    default:
-      return -1;
-  }
-}
+int shared_bytes(int variant) { return variant > 0 && variant < kNumVariants ? kVariants[variant].smem : -1; }
+
+// The dynamic shared memory of every kernel in this translation unit, as data in the object
+// file: kdtree.kernels.jit reads these records from the compiled binary for the build gate, so
+// each kernel is held to the shared memory it is launched with. The names are the kernels'
+// mangled names; jit refuses a binary whose records and ptxas' kernels do not match one to one.
+struct SmemRecord {
+  char tag[16];
+  int32_t variant;  // 0: a kernel launched without dynamic shared memory
+  int32_t threads;
+  int32_t bytes;
+  char kernel[116];
+};
+extern "C" __attribute__((used)) const SmemRecord kdtree_smem_records[] = {
+    {"kdtree-smem-v1", 1, base::kThreads, base::Smem<1>::total,
+     "_ZN6kdtree22tree_verify_mla_kernelILi1EEEvNS_16TreeVerifyParamsE"},
+    {"kdtree-smem-v1", 2, base::kThreads, base::Smem<2>::total,
+     "_ZN6kdtree22tree_verify_mla_kernelILi2EEEvNS_16TreeVerifyParamsE"},
+    {"kdtree-smem-v1", 3, ws::kThreadsWS, ws::Smem::total, "_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"},
+    {"kdtree-smem-v1", 0, kCombineThreads, 0, "_ZN6kdtree21combine_splits_kernelENS_16TreeVerifyParamsE"},
+};
 
 }  // namespace kdtree

@@ -28,11 +28,11 @@ struct TreeVerifyParams {
 };
 
 // Launch on `stream`: no allocation, no synchronisation. grid_y = row blocks per request (an
-// upper bound from shapes), m_tiles = the variant: 1 and 2 the base kernel with 16 or 32 rows per
-// CTA, 3 the warp-specialised kernel (32 rows), 4 the 64-row two-group kernel.
-cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int m_tiles, cudaStream_t stream);
+// upper bound from shapes); variant: 1 and 2 the base kernel with 16 or 32 rows per CTA, 3 the
+// warp-specialised kernel (32 rows per CTA, sm_90+).
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int variant, cudaStream_t stream);
 
-// Dynamic shared memory per block for a variant (-1 for an unknown one).
-int shared_bytes(int m_tiles);
+// Dynamic shared memory per block of a variant (-1 for an unknown one).
+int shared_bytes(int variant);
 
 }  // namespace kdtree

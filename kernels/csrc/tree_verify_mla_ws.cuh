@@ -5,16 +5,15 @@
 // run QK -> softmax -> PV on every tile with only group-local named barriers, so one group's
 // softmax overlaps the other's tensor-core work. Same tiling of the 576 dims as the base kernel
 // (four 144-dim QK slices per group, four 128-dim PV slices per group), same epilogue and split
-// partials, so combine_splits_kernel merges either.
+// partials, so combine_splits_kernel merges either; the online softmax is the shared one with
+// lazy rescaling (tree_verify_mla_common.cuh).
 #pragma once
 
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
-#include "mma_sm80.cuh"
-#include "tree_verify_mla.cuh"
-#include "tree_verify_mla_launch.h"
+#include "tree_verify_mla_common.cuh"
 
 namespace kdtree {
 
@@ -44,7 +43,7 @@ constexpr int kKPT = kBN / kTPR;                     // keys each
 constexpr int kRedS = kBN + 8;                       // floats per sRed row
 constexpr int kPS = kBN + 8;                         // bf16 per sP row: conflict-free ldmatrix
 constexpr int kStageBytes = kBN * kKRow * 2;
-constexpr float kRescaleLog2 = 8.f;
+constexpr int kRescaleLog2 = 8;  // the running max moves when a tile's max exceeds it by 2^8
 struct Smem {
   static constexpr int k_off = 0;
   static constexpr int red_off = kStages * kStageBytes;
@@ -57,8 +56,15 @@ struct Smem {
 };
 static_assert(kBN == 16 || kBN == 32, "tiles of 16 or 32 keys");
 static_assert(kBlockN % kBN == 0, "splits are cut at kBlockN keys");
-static_assert(Smem::total <= 101376, "must fit sm_120's per-block shared memory");
+static_assert(Smem::total <= kMaxSharedBytes, "must fit sm_120's per-block shared memory");
 static_assert(Smem::bar_off % 8 == 0, "mbarriers need 8-byte alignment");
+
+// Fill the ring before the main loop: rows past the split's end are never copied and must hold
+// finite values (P = 0 there).
+__device__ __forceinline__ void init_ring(void* ring, int bytes, int tid, int nthreads) {
+  uint4* r = reinterpret_cast<uint4*>(ring);
+  for (int i = tid; i < bytes / 16; i += nthreads) r[i] = hooks::ring_fill(i);
+}
 }  // namespace ws
 
 __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(const TreeVerifyParams p) {
@@ -99,7 +105,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
       if (it >= kStages) mbar_wait(&empty[buf], ((it / kStages) - 1) & 1);
       const int valid = min(kBN, kend - base);
-      if (KD_SKIP & 8) {
+      if (hooks::kSkipLoads) {
         if (lane == 0) mbar_arrive(&full[buf]);
         continue;
       }
@@ -126,25 +132,13 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   const int bar_id = 1 + grp;
 
   uint32_t qf[kStepsPerSlice][4];
-  {
-    const int ra = grow_base + g, rb8 = ra + 8;
-    const uint32_t* qa = reinterpret_cast<const uint32_t*>(p.q + (grow0 + grp * kRows + g) * kHeadDim);
-    const uint32_t* qb = qa + 8 * kHeadDim / 2;
-#pragma unroll
-    for (int kk = 0; kk < kStepsPerSlice; ++kk) {
-      const int d = (ks * kStepsPerSlice + kk) * 16 + 2 * t4;
-      qf[kk][0] = ra < rows ? __ldg(qa + d / 2) : 0u;
-      qf[kk][1] = rb8 < rows ? __ldg(qb + d / 2) : 0u;
-      qf[kk][2] = ra < rows ? __ldg(qa + d / 2 + 4) : 0u;
-      qf[kk][3] = rb8 < rows ? __ldg(qb + d / 2 + 4) : 0u;
-    }
-  }
+  load_q_slice(qf, p.q, grow0 + grp * kRows + g, grow_base + g < rows, grow_base + g + 8 < rows, ks, t4);
 
   const int sr = gt / kTPR, sc = gt % kTPR;
   const bool srow_valid = grow_base + sr < rows;
   const int snode = (grow_base + sr) / p.num_heads;
   const int32_t* mask_row = p.tree_mask + static_cast<int64_t>(qo0 + min(snode, T - 1)) * p.mask_words;
-  float m_run = -CUDART_INF_F, l_run = 0.f;
+  OnlineSoftmax<kKPT, kTPR, kRescaleLog2, true> softmax;
 
   float acc[16][4];
 #pragma unroll
@@ -225,43 +219,9 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
           s[1] = (v0.y + v1.y) + (v2.y + v3.y);
         }
       }
-      const int j0 = tile_base + sc * kKPT;
-      const uint64_t bits = tree_visible_bits(mask_row, p.mask_words, j0, kKPT, Lp);
-      float tmax = -CUDART_INF_F;
-#pragma unroll
-      for (int k = 0; k < kKPT; ++k) {
-        const int j = j0 + k;
-        const bool vis = srow_valid && j < kend && ((bits >> k) & 1);
-        s[k] = vis ? s[k] * p.scale_log2 * ((KD_BREAK & 4) ? 1.25f : 1.f) : -CUDART_INF_F;
-        tmax = fmaxf(tmax, s[k]);
-      }
-#pragma unroll
-      for (int off = kTPR / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-      // Lazy rescaling: the running max moves only when it grew by more than 2^8, so most tiles
-      // need no O rescale; P <= 256 stays exact enough in bf16 and l in fp32.
-      const float m_new = fmaxf(m_run, tmax);
-      float alpha = 1.f;
-      if (m_new > m_run + kRescaleLog2) {
-        alpha = exp2f(m_run - m_new);
-        m_run = m_new;
-      }
-      const float m_use = m_run == -CUDART_INF_F ? 0.f : m_run;
-      float psum = 0.f;
-#pragma unroll
-      for (int k = 0; k < kKPT; ++k) {
-        s[k] = exp2f(s[k] - m_use);
-        psum += s[k];
-      }
-      // l_run is this thread's share of the row sum (alpha is the row's): summed once, at the end.
-      l_run = l_run * alpha + psum;
-      if constexpr (kKPT == 4) {
-        uint2 pk;
-        pk.x = pack_bf16x2(s[0], s[1]);
-        pk.y = pack_bf16x2(s[2], s[3]);
-        *reinterpret_cast<uint2*>(sP + sr * kPS + sc * kKPT) = pk;
-      } else {
-        *reinterpret_cast<uint32_t*>(sP + sr * kPS + sc * kKPT) = pack_bf16x2(s[0], s[1]);
-      }
+      const float alpha =
+          softmax.update(s, mask_row, p.mask_words, tile_base + sc * kKPT, Lp, kend, srow_valid, p.scale_log2);
+      store_p(sP + sr * kPS + sc * kKPT, s);
       if (sc == 0) sAlpha[sr] = alpha;
       rescale = alpha != 1.f;
     }
@@ -269,16 +229,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 
     // PV: O[16 rows, 128 ks : 128 ks + 128] = alpha O + P V.
     {
-      if (rescale) {
-        const float a0 = sAlpha[g], a1 = sAlpha[g + 8];
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          acc[nt][0] *= a0;
-          acc[nt][1] *= a0;
-          acc[nt][2] *= a1;
-          acc[nt][3] *= a1;
-        }
-      }
+      if (rescale) rescale_rows(acc, sAlpha[g], sAlpha[g + 8]);
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         uint32_t pa[4];
@@ -303,19 +254,14 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   }
 
   // epilogue
-#pragma unroll
-  for (int off = kTPR / 2; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
+  const float l_row = softmax.row_sum();
   if (sc == 0) {
-    sL[sr] = l_run;
-    sM[sr] = m_run;
+    sL[sr] = l_row;
+    sM[sr] = softmax.m;
   }
   named_barrier_sync(bar_id, kGroupThreads);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = g + half * 8;
-    if (grow_base + r >= rows || ((KD_BREAK & 8) && grp == kGroups - 1 && r == kRows - 1)) continue;
-    store_row(p, split, grow0 + grp * kRows + r, ks * 128 + 2 * t4, acc, half, sM + r, sL[r], ks == 0 && t4 == 0);
-  }
+  store_tile(p, split, grow0 + grp * kRows, grow_base, rows, 0, g, ks * 128 + 2 * t4, acc, sM, sL,
+             ks == 0 && t4 == 0, grp == kGroups - 1);
 }
 
 }  // namespace kdtree

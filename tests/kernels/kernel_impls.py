@@ -69,7 +69,9 @@ IMPLS = [
          rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, triton=True),
     Impl("cuda", "kdtree.kernels:tree_verify_mla", torch.bfloat16, rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True),
     *(Impl(f"cuda-{v}", f"cuda_variants:tree_verify_mla_{v}", torch.bfloat16,
-           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True) for v in ("base16", "base32", "ws", "g64")),
+           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True) for v in ("base16", "base32", "ws")),
+    *(Impl(f"cuda-{v}-split3", f"cuda_variants:tree_verify_mla_{v}_split3", torch.bfloat16,
+           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True) for v in ("base16", "base32", "ws")),
 ]
 
 BY_NAME = {impl.name: impl for impl in IMPLS}

@@ -1,20 +1,16 @@
-"""The host path of `tree_verify_mla_cuda`: validation messages, the launch-argument builder, the
-memoised plan (following KDTREE_VARIANT / KDTREE_SPLITS per call), the per-device state and the
+"""The host path of `cuda_op.launch`: validation messages, the launch-argument builder, the
+memoised plan (keyed on the forced variant and split count), the per-device state and the
 multi-device branch. CPU tensors and a fake extension stand in for the GPU, except where marked."""
 
 from __future__ import annotations
-
-import inspect
-import os
-import re
 
 import pytest
 import torch
 
 from kdtree.kernels import cuda_op, launch_plan
-from kdtree.kernels.cases import make_case
 from kdtree.kernels.contract import validate
-from kdtree.kernels.host_path_bench import FakeExtension, fake_state, host_call
+from kdtree.tools.cases import case_args, make_case
+from kdtree.tools.host_path_bench import FakeExtension, fake_state, host_call
 
 REQUESTS = [(5, 30), (1, 0), (40, 7), (33, 64)]  # Nq = 79, B = 4, W = 2
 NQ, H = 79, 3
@@ -22,8 +18,6 @@ NQ, H = 79, 3
 
 @pytest.fixture(autouse=True)
 def _clean_plans(monkeypatch):
-    for name in cuda_op.PLAN_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cuda_op, "_plans", {})
 
 
@@ -98,18 +92,18 @@ def test_value_checks_follow_check_values():
     case = dict(_case(), tree_mask=_drop_own_bit(_case()["tree_mask"]))
     for check in (None, True):
         with pytest.raises(ValueError, match=r"^tree_mask:"):
-            validate(*case.values(), check_values=check)
-    assert validate(*case.values(), check_values=False) == (NQ, H, len(REQUESTS), 2, case["kv_cache"].shape[0])
+            validate(*case_args(case), check_values=check)
+    assert validate(*case_args(case), check_values=False) == (NQ, H, len(REQUESTS), 2, case["kv_cache"].shape[0])
 
 
 def test_cpu_tensors_are_refused_after_validation(monkeypatch):
     monkeypatch.setattr(cuda_op, "device_state", lambda index: pytest.fail("looked up a device for CPU tensors"))
     case = _case()
     with pytest.raises(ValueError, match=r"^q: the CUDA kernel needs CUDA tensors, got a tensor on cpu"):
-        cuda_op.tree_verify_mla_cuda(*case.values())
+        cuda_op.launch(*case_args(case))
     case["tree_mask"] = _drop_own_bit(case["tree_mask"])
     with pytest.raises(ValueError, match=r"^tree_mask:"):
-        cuda_op.tree_verify_mla_cuda(*case.values())
+        cuda_op.launch(*case_args(case))
 
 
 # --- the launch arguments ------------------------------------------------------------------------
@@ -118,8 +112,8 @@ def test_launch_args_hold_pointers_sizes_plan_and_stream():
     case = _case()
     out, lse = _outputs()
     state = fake_state(sm_count=132, capability=(9, 0))._replace(stream=lambda index: 0xABC + index)
-    problem = validate(*case.values(), out, lse)
-    args = cuda_op.launch_args(problem, *case.values(), out, lse, state)
+    problem = validate(*case_args(case), out, lse)
+    args = cuda_op.launch_args(problem, *case_args(case), out, lse, state)
     plan = _expected_plan(case)
     pointers = tuple(t.data_ptr() for t in (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                            case["kv_indices"], case["tree_mask"], out, lse))
@@ -133,9 +127,9 @@ def test_launch_args_pass_null_lse_and_read_the_stream_every_call():
     out, _ = _outputs()
     streams = iter(range(100, 200))
     state = fake_state()._replace(index=3, stream=lambda index: (index, next(streams)))
-    problem = validate(*case.values(), out)
-    first = cuda_op.launch_args(problem, *case.values(), out, None, state)
-    second = cuda_op.launch_args(problem, *case.values(), out, None, state)
+    problem = validate(*case_args(case), out)
+    first = cuda_op.launch_args(problem, *case_args(case), out, None, state)
+    second = cuda_op.launch_args(problem, *case_args(case), out, None, state)
     assert first[7] == 0 and first[-1] == (3, 100) and second[-1] == (3, 101)
 
 
@@ -152,31 +146,37 @@ def test_host_call_allocates_out_only_when_missing():
 
 # --- the memoised plan ---------------------------------------------------------------------------
 
-ENV_SETTINGS = [{}, {"KDTREE_VARIANT": "base32"}, {"KDTREE_SPLITS": "3"},
-                {"KDTREE_VARIANT": "g64", "KDTREE_SPLITS": "2"}, {"KDTREE_VARIANT": ""}, {}]
+FORCED = [(None, None), ("base32", None), (None, 3), ("base16", 2), ("ws", 1), (None, None)]
 
 
-def test_cached_plan_follows_the_env_vars_on_every_call(monkeypatch):
+def test_cached_plan_follows_the_forced_variant_and_splits():
     case = _case()
-    problem = validate(*case.values())
+    problem = validate(*case_args(case))
     num_kv = case["kv_indices"].numel()
-    for setting in ENV_SETTINGS * 2:
-        for name in cuda_op.PLAN_ENV_VARS:
-            monkeypatch.delenv(name, raising=False)
-        for name, value in setting.items():
-            monkeypatch.setenv(name, value)
+    for variant, splits in FORCED * 2:
         for sms, cap in [(132, (9, 0)), (84, (12, 0)), (108, (8, 0))]:
-            plan = cuda_op.cached_plan(problem, num_kv, sms, cap)
-            assert plan == launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, num_kv, sms, cap), setting
-        if setting.get("KDTREE_VARIANT"):
-            assert plan.variant == launch_plan.VARIANTS[setting["KDTREE_VARIANT"]]
-        if "KDTREE_SPLITS" in setting:
-            assert plan.num_splits == int(setting["KDTREE_SPLITS"])
+            if variant == "ws" and cap < (9, 0):
+                continue
+            plan = cuda_op.cached_plan(problem, num_kv, sms, cap, variant, splits)
+            assert plan == launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, num_kv, sms, cap, variant=variant,
+                                                   num_splits=splits), (variant, splits)
+            if variant:
+                assert plan.variant == launch_plan.VARIANTS[variant]
+            if splits:
+                assert plan.num_splits == splits
+
+
+def test_launch_args_carry_the_forced_plan():
+    case = _case()
+    out, lse = _outputs()
+    problem = validate(*case_args(case), out, lse)
+    args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), "base16", 5)
+    assert (args[14], args[16]) == (5, launch_plan.VARIANTS["base16"])  # num_splits, variant
 
 
 def test_cached_plan_is_reused_and_keyed_on_every_argument():
     case = _case()
-    problem = validate(*case.values())
+    problem = validate(*case_args(case))
     n = case["kv_indices"].numel()
     plan = cuda_op.cached_plan(problem, n, 132, (9, 0))
     assert cuda_op.cached_plan(problem, n, 132, (9, 0)) is plan
@@ -186,32 +186,19 @@ def test_cached_plan_is_reused_and_keyed_on_every_argument():
         assert cuda_op.cached_plan(p, kv, sms, cap) == expected
 
 
-def test_bad_env_var_raises_on_every_call(monkeypatch):
-    problem = validate(*_case().values())
-    monkeypatch.setenv("KDTREE_VARIANT", "nope")
+def test_bad_forced_variant_raises_on_every_call():
+    problem = validate(*case_args(_case()))
     for _ in range(2):
-        with pytest.raises(ValueError, match="KDTREE_VARIANT"):
-            cuda_op.cached_plan(problem, 100, 132, (9, 0))
+        with pytest.raises(ValueError, match="variant 'nope'"):
+            cuda_op.cached_plan(problem, 100, 132, (9, 0), "nope")
 
 
 def test_plan_cache_stays_bounded(monkeypatch):
     monkeypatch.setattr(cuda_op, "_PLAN_CACHE_SIZE", 4)
-    problem = validate(*_case().values())
+    problem = validate(*case_args(_case()))
     for num_kv in range(100, 110):
         cuda_op.cached_plan(problem, num_kv, 132, (9, 0))
     assert 1 <= len(cuda_op._plans) <= 4
-
-
-def test_plan_env_vars_cover_what_launch_plan_reads():
-    source = inspect.getsource(launch_plan)
-    read = set(re.findall(r"""(?:environ\.get|getenv|environ\[)\(?\s*["'](\w+)["']""", source))
-    assert read and read <= set(cuda_op.PLAN_ENV_VARS)
-
-
-def test_plan_reads_the_environment_mapping_of_the_moment(monkeypatch):
-    monkeypatch.setattr(os, "environ", {"KDTREE_VARIANT": "base32"})
-    problem = validate(*_case().values())
-    assert cuda_op.cached_plan(problem, 100, 132, (9, 0)).variant == launch_plan.VARIANTS["base32"]
 
 
 # --- per-device state and the multi-device branch -------------------------------------------------
@@ -284,10 +271,10 @@ def test_gpu_stream_and_device_match_torch():
     case = _case("cuda")
     out, lse = _outputs("cuda")
     state = cuda_op.device_state(torch.cuda.current_device())
-    problem = validate(*case.values(), out, lse)
+    problem = validate(*case_args(case), out, lse)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        args = cuda_op.launch_args(problem, *case.values(), out, lse, state)
+        args = cuda_op.launch_args(problem, *case_args(case), out, lse, state)
     assert args[-1] == side.cuda_stream != torch.cuda.current_stream().cuda_stream
     assert cuda_op._current_device() == torch.cuda.current_device()
     props = torch.cuda.get_device_properties(state.index)
@@ -298,13 +285,13 @@ def test_gpu_stream_and_device_match_torch():
 def test_gpu_call_with_out_neither_allocates_nor_syncs():
     case = _case("cuda")
     out, lse = _outputs("cuda")
-    cuda_op.tree_verify_mla_cuda(*case.values(), out=out, lse=lse)  # warm-up: extension, workspace
+    cuda_op.launch(*case_args(case), out=out, lse=lse)  # warm-up: extension, workspace
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        result = cuda_op.tree_verify_mla_cuda(*case.values(), out=out, lse=lse)
+        result = cuda_op.launch(*case_args(case), out=out, lse=lse)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     assert result is out and torch.cuda.memory_allocated() == before

@@ -56,23 +56,45 @@ def test_workspace_bounds_the_split_count():
     assert lp.choose_splits(1, 1e6, lp.WORKSPACE_ROWS + 1, 132) == 1
 
 
-def test_variant_by_rows_and_capability(monkeypatch):
-    monkeypatch.delenv("KDTREE_VARIANT", raising=False)
+def test_variant_by_rows_and_capability():
     assert lp.choose_variant(16, (9, 0)) == lp.VARIANTS["base16"]
     assert lp.choose_variant(17, (9, 0)) == lp.VARIANTS["ws"]
+    assert lp.choose_variant(17, (12, 0)) == lp.VARIANTS["ws"]
     assert lp.choose_variant(64, (8, 9)) == lp.VARIANTS["base32"]
-    monkeypatch.setenv("KDTREE_VARIANT", "g64")
-    assert lp.choose_variant(64, (9, 0)) == lp.VARIANTS["g64"]
-    monkeypatch.setenv("KDTREE_VARIANT", "fast")
-    with pytest.raises(ValueError, match="KDTREE_VARIANT"):
-        lp.choose_variant(64, (9, 0))
 
 
-def test_forced_splits_are_clamped(monkeypatch):
-    monkeypatch.setenv("KDTREE_SPLITS", "100000")
-    assert _plan(8, 4, 1, 32768).num_splits == lp.MAX_SPLITS
-    monkeypatch.setenv("KDTREE_SPLITS", "7")
-    assert _plan(8, 4, 1, 32768).num_splits == 7
+def test_forced_variant_is_an_argument_checked_against_the_device():
+    assert lp.choose_variant(64, (9, 0), "base32") == lp.VARIANTS["base32"]
+    assert _forced(variant="base16").variant == lp.VARIANTS["base16"]
+    assert _forced(variant="base16").block_m == 16
+    with pytest.raises(ValueError, match=r"variant 'g64': expected one of \['base16', 'base32', 'ws'\]"):
+        lp.choose_variant(64, (9, 0), "g64")
+    with pytest.raises(ValueError, match="variant 'ws' needs sm_90 or newer"):
+        lp.choose_variant(64, (8, 6), "ws")
+
+
+def _forced(H=8, T=4, B=1, L=32768, **kw):
+    return lp.plan_launch(T * B, H, B, math.ceil(T / 32), B * (L + T), 132, (9, 0), **kw)
+
+
+def test_forced_splits_are_clamped():
+    assert _forced(num_splits=100000).num_splits == lp.MAX_SPLITS
+    assert _forced(num_splits=7).num_splits == 7
+    assert _forced(H=128, T=256, num_splits=7).num_splits == lp.WORKSPACE_ROWS // (128 * 256)  # 1
+    with pytest.raises(ValueError, match="num_splits: expected a whole number >= 1, got 0"):
+        _forced(num_splits=0)
+    with pytest.raises(ValueError, match="num_splits"):
+        _forced(num_splits=2.5)
+
+
+def test_nothing_in_the_plan_reads_the_environment():
+    import inspect
+    import re
+
+    from kdtree.kernels import cuda_op
+
+    for module in (lp, cuda_op):
+        assert not re.search(r"\bos\b|environ\b|getenv", inspect.getsource(module)), module.__name__
 
 
 def test_grid_covers_the_largest_request():

@@ -189,7 +189,7 @@ def test_the_split_boundary_candidate_is_not_vacuous():
 
 
 def test_dominant_key_cases_make_their_marked_keys_dominate():
-    from kdtree.kernels.cases import oracle
+    from kdtree.tools.cases import oracle
     from kdtree.phases.phase1_cases import marked_positions
 
     case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
@@ -245,9 +245,11 @@ def _op_backend(name, op, verify_without_op=False):
     from kdtree.engine import backends
 
     class Backend(backends.OpBackend):
+        requires_cuda = False  # its op is the fp64 oracle, which runs anywhere
+
         def __init__(self):
             super().__init__(name, "kdtree.kernels.reference", "tree_verify_mla_reference")
-            self._op = op
+            self._ops = {"verify": op, "decode": op}  # OpBackend resolves each mode's op from _ops
 
         if verify_without_op:
             def forward_verify(self, q, kv_cache, meta, sm_scale):  # noqa: D102

@@ -1,11 +1,11 @@
 """Measure what an mma.sync design can reach on this GPU (the second roofline of phase 1).
 
-    python -m kdtree.kernels.mma_ceiling [--out DIR] [--iters N]
+    python -m kdtree.tools.mma_ceiling [--out DIR] [--iters N]
 
-Builds `kernels/microbench/mma_sync_ceiling.cu` for the visible device with nvcc and runs it:
+Builds `tools/microbench/mma_sync_ceiling.cu` for the visible device with nvcc and runs it:
 the m16n8k16 bf16 MMA rate with operands in registers, the ldmatrix rate from shared memory,
 and the MMA rate when each MMA needs B bytes of ldmatrix operands. Prints a table and writes
-mma_ceiling.json into --out. Needs nvcc and a CUDA GPU; no torch.
+mma_ceiling.json into --out. Needs nvcc and a CUDA GPU (without them: a message, exit 2); no torch.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+from kdtree.kernels import cli
 from kdtree.kernels.jit import JitError, find_nvcc
 
 SOURCE = Path(__file__).resolve().parent / "microbench" / "mma_sync_ceiling.cu"
@@ -63,11 +65,15 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.mma_ceiling", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--iters", type=cli.positive_int, default=20000)
     args = ap.parse_args(argv)
-    rows = measure(args.iters)
+    try:
+        rows = measure(args.iters)
+    except (JitError, RuntimeError) as exc:
+        print(f"kdtree.tools.mma_ceiling: {exc}", file=sys.stderr)
+        return 2
     print(format_table(rows))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "mma_ceiling.json").write_text(json.dumps(rows, indent=1))
@@ -75,4 +81,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(cli.run(main))

@@ -1,6 +1,6 @@
 """Bytes and FLOPs of one tree-verify call and the two floors they imply (DESIGN section 3b).
 
-    python -m kdtree.kernels.roofline --bw 4.244e12 --flops 7.88e14 [--quick]
+    python -m kdtree.tools.roofline --bw 4.244e12 --flops 7.88e14 [--quick]
 
 prints, per shape of the benchmark grid, the bytes, the FLOPs, both times and which one bounds.
 Counts, per request: the latent rows once ((L+T) * 1152 bytes), q read and out written once
@@ -11,7 +11,10 @@ Counts, per request: the latent rows once ((L+T) * 1152 bytes), q read and out w
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
+
+from kdtree.kernels import cli
 
 ROW_BYTES = 576 * 2  # one bf16 latent row
 Q_BYTES = 576 * 2
@@ -86,14 +89,17 @@ def markdown_table(shapes: list[Shape], bytes_per_s: float, flops_per_s: float) 
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kdtree.kernels.roofline", description=__doc__.split("\n")[0])
-    parser.add_argument("--bw", type=float, default=H200_COPY_BYTES_PER_S, help="copy bandwidth, bytes/s")
-    parser.add_argument("--flops", type=float, default=H200_BF16_FLOPS_PER_S, help="bf16 matmul rate, FLOP/s")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kdtree.tools.roofline", description=__doc__.split("\n")[0])
+    parser.add_argument("--bw", type=cli.positive_float, default=H200_COPY_BYTES_PER_S,
+                        help="copy bandwidth, bytes/s (> 0)")
+    parser.add_argument("--flops", type=cli.positive_float, default=H200_BF16_FLOPS_PER_S,
+                        help="bf16 matmul rate, FLOP/s (> 0)")
     parser.add_argument("--quick", action="store_true", help="the quick subset of the grid")
     args = parser.parse_args(argv)
     print(markdown_table(grid(args.quick), args.bw, args.flops))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

@@ -1,6 +1,6 @@
 """The benchmark's report: bench.json, bench.md and two PNG grids of subplots, from rows + facts.
 
-A row is one (shape, layout, implementation) of `kdtree.kernels.bench`; facts describe the run
+A row is one (shape, layout, implementation) of `kdtree.tools.bench`; facts describe the run
 (machine, versions, ceilings, the agreement rule). Needs no GPU, so it is tested on the CPU.
 """
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from kdtree.kernels.roofline import Shape
+from kdtree.tools.roofline import Shape
 
 
 def _in_order(rows: list[dict], key: str) -> list:

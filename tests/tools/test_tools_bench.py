@@ -1,6 +1,6 @@
-"""The benchmark's CPU-testable parts: inputs, the per-config logic (CUDA events faked by a host
-clock), the JSON / markdown / PNG report from synthetic rows, the CLI without a GPU, the roofline;
-on a GPU, that the busy-wait lead keeps host time out of the timings."""
+"""The benchmark's CPU-testable parts: inputs, the per-config logic (timed by the tools' host timer
+off CUDA), the JSON / markdown / PNG report from synthetic rows, the CLI without a GPU, the
+roofline; on a GPU, that the tools' timer keeps host time out of the timings."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import time
 import pytest
 import torch
 
-from kdtree.kernels import bench, bench_report, roofline
 from kdtree.kernels.masks import unpack_bool_rows
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.kernels.reference import tree_verify_mla_reference
+from kdtree.tools import bench, bench_report, roofline, timing
+from kdtree.tools.cases import LAYOUTS, case_args, uniform_case
 
 
 @pytest.fixture
@@ -21,12 +22,12 @@ def pool():
     return torch.randn(5000, 576, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("layout", bench.LAYOUTS)
-def test_make_case_follows_the_contract(pool, layout):
-    case = bench.make_case(4, 40, 3, 100, layout, pool, seed=7)
-    args = bench.case_args(case)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_uniform_case_follows_the_contract(pool, layout):
+    case = uniform_case(4, 40, 3, 100, layout, pool, seed=7)
+    args = case_args(case)
     out = tree_verify_mla_reference(*args)  # validates the whole call
-    assert out.shape == (120, 4, 512) and case["shape"] == roofline.Shape(4, 40, 3, 100)
+    assert out.shape == (120, 4, 512) and case["kv_cache"] is pool
     idx = case["kv_indices"]
     assert idx.numel() == 3 * 140 and idx.unique().numel() == idx.numel()  # distinct slots
     if layout == "contiguous":
@@ -35,15 +36,15 @@ def test_make_case_follows_the_contract(pool, layout):
         assert not torch.equal(idx.sort().values, idx)  # scattered, not accidentally sorted
     vis = unpack_bool_rows(case["tree_mask"], 40)
     assert vis[:, 0].all() and vis.diagonal().all()  # every node sees the root and itself
-    other = bench.make_case(4, 40, 3, 100, layout, pool, seed=8)
+    other = uniform_case(4, 40, 3, 100, layout, pool, seed=8)
     assert not torch.equal(other["q"], case["q"])  # fresh seed, fresh inputs
 
 
-def test_make_case_rejects_a_pool_too_small(pool):
+def test_uniform_case_rejects_a_pool_too_small(pool):
     with pytest.raises(ValueError, match="pool"):
-        bench.make_case(1, 4, 8, 1000, "scattered", pool, seed=0)
+        uniform_case(1, 4, 8, 1000, "scattered", pool, seed=0)
     with pytest.raises(ValueError, match="layout"):
-        bench.make_case(1, 4, 1, 10, "paged", pool, seed=0)
+        uniform_case(1, 4, 1, 10, "paged", pool, seed=0)
 
 
 def test_floor_matches_design_table():
@@ -71,22 +72,6 @@ def test_grids():
     assert max(s.T for s in full) == 1024 and {s.L for s in full} == {4096, 32768, 131072}
 
 
-class _HostEvent:
-    """Stands in for torch.cuda.Event on the CPU (work is synchronous there)."""
-
-    log: list = []
-
-    def __init__(self, enable_timing=True):
-        self.t = None
-
-    def record(self):
-        self.log.append("record")
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, other):
-        return (other.t - self.t) * 1e3
-
-
 def _broken(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
     out = tree_verify_mla_naive(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out)
     return out.mul_(-1)
@@ -98,14 +83,12 @@ def _slow(*args, out=None, lse=None):
 
 
 def test_bench_config_checks_skips_and_times(pool, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench, "SKIP_SECONDS", 0.2)
     monkeypatch.setattr(bench, "TARGET_SECONDS", 0.02)
     fns = {"naive": tree_verify_mla_naive, "broken": _broken, "slow": _slow}
     model = bench._CostModel()
     rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", fns, pool, 1e12, 1e14,
-                              seed=3, model=model, flush=lambda: None)
+                              seed=3, model=model, timer=timing.HostTimer())
     by = {r["impl"]: r for r in rows}
     assert by["naive"]["status"] == "ok" and by["naive"]["check"] == "anchor"
     assert by["naive"]["reps"] >= bench.MIN_REPS and by["naive"]["min_ms"] <= by["naive"]["median_ms"]
@@ -120,37 +103,41 @@ def test_bench_config_checks_skips_and_times(pool, monkeypatch):
 
     model.add("slow", roofline.Shape(2, 8, 2, 64), 0.3)
     rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "contiguous", {"naive": tree_verify_mla_naive,
-                              "slow": counted_slow}, pool, 1e12, 1e14, seed=4, model=model, flush=lambda: None)
+                              "slow": counted_slow}, pool, 1e12, 1e14, seed=4, model=model, timer=timing.HostTimer())
     by = {r["impl"]: r for r in rows}
     assert by["slow"]["status"] == "skipped" and "cost model" in by["slow"]["note"] and not calls
     assert by["naive"]["status"] == "ok" and by["naive"]["check"].startswith("unchecked")
 
 
-def test_time_interleaved_flushes_then_leads_then_times_and_returns_host_seconds(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+class _RecordingTimer(timing.HostTimer):
+    """A host timer that logs each call and claims a lead, as a QueuedTimer has on CUDA."""
+
+    def __init__(self, log, lead_s=0.0):
+        super().__init__()
+        self.log, self.lead_s = log, lead_s
+
+    def __call__(self, fn):
+        self.log.append("timed")
+        return super().__call__(fn)
+
+
+def test_round_robin_interleaves_through_the_timer_and_returns_host_seconds():
     log = []
-    monkeypatch.setattr(_HostEvent, "log", log)
     calls = {"a": lambda r: log.append(f"a{r}"), "b": lambda r: (log.append(f"b{r}"), time.sleep(0.002))}
-    gpu, host = bench.time_interleaved(calls, {"a": 2, "b": 1}, flush=lambda: log.append("flush"),
-                                       lead=lambda: log.append("lead"))
-    one = ["flush", "lead", "record"]
-    assert log == one + ["a0", "record"] + one + ["b0", "record"] + one + ["a1", "record"]
+    gpu, host = timing.time_round_robin(calls, {"a": 2, "b": 1}, _RecordingTimer(log))
+    assert log == ["timed", "a0", "timed", "b0", "timed", "a1"]
     assert [len(gpu["a"]), len(gpu["b"]), len(host["a"]), len(host["b"])] == [2, 1, 2, 1]
     assert host["b"][0] >= 0.002 and host["a"][0] < host["b"][0]
-    assert bench.busy_wait("cpu") is None  # no lead off CUDA
+    assert isinstance(timing.gpu_timer("cpu"), timing.HostTimer)  # no queued timer off CUDA
 
 
 def test_bench_config_reports_host_time_and_lead_overruns(pool, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(bench, "TARGET_SECONDS", 0.01)
-    leads = []
+    log = []
     rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", {"naive": tree_verify_mla_naive}, pool,
-                              1e12, 1e14, seed=3, model=bench._CostModel(), flush=lambda: None,
-                              lead=lambda: leads.append(1), lead_s=1e-9)
+                              1e12, 1e14, seed=3, model=bench._CostModel(), timer=_RecordingTimer(log, 1e-9))
     (row,) = rows
-    assert row["host_us"] > 0 and len(leads) == 1 + row["reps"]  # the first call and every timed one
+    assert row["host_us"] > 0 and len(log) == 1 + row["reps"]  # the first call and every timed one
     assert row["lead_overruns"] == row["reps"] and "host time > 0.001 µs lead" in row["note"]
 
 
@@ -158,7 +145,7 @@ def _synthetic_rows():
     rows = []
     for s in [roofline.Shape(8, 16, 1, 4096), roofline.Shape(8, 16, 1, 32768), roofline.Shape(64, 256, 8, 131072)]:
         floor = roofline.floor_seconds(s, 4.2e12, 7.9e14)
-        for layout in bench.LAYOUTS:
+        for layout in LAYOUTS:
             for impl, slowdown in (("cuda", 1.5), ("triton", 60.0), ("naive", 8.0)):
                 med = floor * slowdown
                 row = dict(H=s.H, T=s.T, B=s.B, L=s.L, layout=layout, impl=impl, label=s.label,
@@ -177,7 +164,7 @@ def _synthetic_rows():
 def test_write_report_from_synthetic_rows(tmp_path):
     rows = _synthetic_rows()
     facts = dict(gpu="NVIDIA H200", sm="9.0", driver="580.1", torch="2.11", triton="3.6", nvcc="13.0",
-                 git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.kernels.bench",
+                 git_sha="abc123", git_dirty=False, date="2026-12-02", command="python -m kdtree.tools.bench",
                  copy_bytes_per_s=4.2e12, bf16_flops_per_s=7.9e14, not_run=["H128 T1024 B1 L128k scattered"],
                  impl_errors={}, flush_bytes=256 * 2**20, flush_mode="read", lead_s=200e-6)
     paths = bench_report.write_report(rows, facts, tmp_path / "out")
@@ -210,18 +197,15 @@ def test_cli_without_gpu_says_so(capsys, monkeypatch):
 
 @pytest.fixture
 def host_clock(monkeypatch):
-    """Run the benchmark driver on the CPU: host-clock events, cheap ceilings, a small L2 wipe."""
-    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    """Run the benchmark driver on the CPU: the host timer, cheap ceilings."""
     monkeypatch.setattr(bench, "measure_ceilings", lambda device="cuda": (2e10, 5e11))
-    monkeypatch.setattr(bench, "FLUSH_BYTES", 1 << 16)
     monkeypatch.setattr(bench, "TARGET_SECONDS", 0.005)
 
 
 def test_run_on_cpu_with_budget(host_clock):
     log = []
     shapes = [roofline.Shape(2, 8, 2, 64), roofline.Shape(1, 1, 1, 0)]
-    rows, facts = bench.run(["naive"], shapes, list(bench.LAYOUTS), pool_gb=0.002, budget_s=60,
+    rows, facts = bench.run(["naive"], shapes, list(LAYOUTS), pool_gb=0.002, budget_s=60,
                             argv=["--impl", "naive"], log=log.append, device="cpu")
     assert len(rows) == 4 and all(r["status"] == "ok" and r["reps"] >= bench.MIN_REPS for r in rows)
     assert facts["copy_bytes_per_s"] == 2e10 and facts["command"].endswith("--impl naive")
@@ -248,7 +232,7 @@ def test_main_writes_the_report(host_clock, monkeypatch, tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_busy_wait_keeps_host_time_out_of_the_timings():
+def test_gpu_timer_keeps_host_time_out_of_the_timings():
     x = torch.ones(1024, device="cuda")
     x.add_(1)
     torch.cuda.synchronize()
@@ -257,21 +241,20 @@ def test_gpu_busy_wait_keeps_host_time_out_of_the_timings():
         time.sleep(0.005)  # 5 ms on the host before the launch
         x.add_(1)
 
-    plain, plain_host = bench.time_interleaved({"k": call}, {"k": 3})
-    led, led_host = bench.time_interleaved({"k": call}, {"k": 3}, lead=bench.busy_wait("cuda", 0.02))
+    plain, _ = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.0))
+    led, led_host = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.02))
     assert min(plain["k"]) >= 0.0049, plain  # idle GPU: the host's 5 ms are counted
     assert max(led["k"]) < 0.0025, led  # queued behind the busy-wait: only GPU time
     assert min(led_host["k"]) >= 0.005  # host time reported separately
 
 
-def test_l2_flush_modes_read_or_write_the_scratch_buffer():
-    scratch = torch.full((4096,), 7, dtype=torch.uint8)
-    bench.l2_flush(scratch, "read")()
-    assert int(scratch.min()) == 7  # reading leaves the buffer (and so the cache lines) clean
-    bench.l2_flush(scratch, "write")()
-    assert int(scratch.max()) == 0
-    with pytest.raises(ValueError, match="flush mode"):
-        bench.l2_flush(scratch, "evict")
+def test_cli_refuses_bad_numbers_and_variants(capsys):
+    for argv in (["--pool-gb", "0"], ["--splits", "0"], ["--variant", "g64"], ["--budget-s", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected a finite number > 0, got '0'" in err and "invalid choice: 'g64'" in err
 
 
 def test_report_says_how_the_l2_was_wiped(tmp_path):

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from kdtree.kernels import jit, mma_ceiling
+from kdtree.kernels import jit
+from kdtree.tools import mma_ceiling
 
 ROWS = [
     {"device": "NVIDIA H200", "sm": 90, "sms": 132},
@@ -61,7 +62,17 @@ def test_gpu_ceilings_are_plausible():
     assert from_registers > at_512 > 0  # operands from shared memory cost MMA rate
 
 
-def test_module_runs_as_a_script_without_a_gpu():
-    done = subprocess.run([sys.executable, "-c", "import kdtree.kernels.mma_ceiling as m; print(m.SOURCE.exists())"],
+def test_module_imports_without_a_gpu_and_finds_its_source():
+    done = subprocess.run([sys.executable, "-c", "import kdtree.tools.mma_ceiling as m; print(m.SOURCE.exists())"],
                           capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_main_without_a_gpu_prints_the_reason_not_a_traceback(monkeypatch, capsys):
+    def no_smi(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(mma_ceiling.subprocess, "run", no_smi)
+    assert mma_ceiling.main(["--out", "/nonexistent-not-written"]) == 2
+    err = capsys.readouterr().err
+    assert "kdtree.tools.mma_ceiling: no CUDA GPU is visible" in err and "Traceback" not in err

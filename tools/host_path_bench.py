@@ -1,6 +1,6 @@
-"""Host time of one `tree_verify_mla` call without a GPU: ``python -m kdtree.kernels.host_path_bench``.
+"""Host time of one `tree_verify_mla` call without a GPU: ``python -m kdtree.tools.host_path_bench``.
 
-Times the pure-Python part of `kdtree.kernels.cuda_op.tree_verify_mla_cuda` — validation (shape,
+Times the pure-Python part of `kdtree.kernels.cuda_op.launch` — validation (shape,
 dtype, device checks; the index-value checks stay off, as they do for CUDA inputs outside debug
 mode), the launch plan and the argument tuple — on CPU tensors, with a fake extension, stream and
 device facts. Not timed: the CUDA-only lookups a real call adds (`q.is_cuda`, the per-device
@@ -10,13 +10,14 @@ state, the current-device check, the raw stream), each a single dict lookup or C
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
-from kdtree.kernels import cuda_op
-from kdtree.kernels.cases import make_case
+from kdtree.kernels import cli, cuda_op
 from kdtree.kernels.contract import LATENT_DIM, validate
+from kdtree.tools.cases import case_args, make_case
 
 
 class FakeExtension:
@@ -33,7 +34,7 @@ def fake_state(sm_count: int = 132, capability: tuple[int, int] = (9, 0)) -> cud
 
 
 def host_call(case: dict, state: cuda_op.DeviceState, out=None, lse=None) -> torch.Tensor:
-    """What `tree_verify_mla_cuda` does on the host, for CPU tensors; returns `out`."""
+    """What `cuda_op.launch` does on the host, for CPU tensors; returns `out`."""
     q = case["q"]
     problem = validate(q, case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
                        case["tree_mask"], case["sm_scale"], out, lse, check_values=False)
@@ -56,14 +57,14 @@ def time_calls(fn, calls: int, repeats: int = 5) -> float:
     return best * 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=10_000)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--tree", type=int, default=16, help="T_b of every request")
-    ap.add_argument("--batch", type=int, default=1)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.host_path_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=cli.positive_int, default=10_000)
+    ap.add_argument("--heads", type=cli.positive_int, default=8)
+    ap.add_argument("--tree", type=cli.positive_int, default=16, help="T_b of every request")
+    ap.add_argument("--batch", type=cli.positive_int, default=1)
     ap.add_argument("--prefix", type=int, default=4096, help="L_b of every request")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     case = make_case(args.heads, [(args.tree, args.prefix)] * args.batch, "random", 1, device="cpu")
     nq = args.tree * args.batch
     out = torch.empty(nq, args.heads, LATENT_DIM, dtype=torch.bfloat16)
@@ -77,11 +78,12 @@ def main() -> None:
     rows = [("out and lse given", lambda: host_call(case, state, out, lse)),
             ("out allocated", lambda: host_call(case, state)),
             ("out given, plan cache miss", plan_miss),
-            ("validate only", lambda: validate(*case.values(), out, lse, check_values=False))]
+            ("validate only", lambda: validate(*case_args(case), out, lse, check_values=False))]
     print(f"H={args.heads} T={args.tree} B={args.batch} L={args.prefix}, best of 5 x {args.calls} calls")
     for name, fn in rows:
         print(f"{time_calls(fn, args.calls):8.2f} us/call  {name}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main))

@@ -5,7 +5,7 @@ then ours on a random tree, ours on the chain, FA2 and FA3 on the chain are time
 each call queued behind an L2 wipe and a busy-wait (the benchmark's timer). Writes a JSON and a
 markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up FlashInfer).
 
-    python3 scripts/peers_bench.py --out $OUT [--shapes issue|grid|quick]
+    python3 -m kdtree.tools.peers --out $OUT [--shapes issue|grid|quick] [--backends fa2,fa3]
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 from kdtree.kernels import flashinfer_peer, tree_verify_mla
-from kdtree.kernels.bench import (
-    busy_wait, case_args, floor_seconds, l2_flush, make_case, make_pool, measure_ceilings, time_interleaved,
-)
-from kdtree.kernels.roofline import Shape, grid
+from kdtree.tools.cases import case_args, make_pool, pool_slots_for, uniform_case
+from kdtree.tools.roofline import Shape, floor_seconds, grid
+from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
 
 ISSUE_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
                 Shape(128, 64, 1, 131072), Shape(8, 1024, 1, 32768), Shape(8, 4, 1, 131072)]
@@ -43,8 +42,8 @@ def rel_l2(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, flush, lead, reps: int, seed: int) -> dict:
-    case = make_case(shape.H, shape.T, shape.B, shape.L, "scattered", pool, seed)
+def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, timer, reps: int, seed: int) -> dict:
+    case = uniform_case(shape.H, shape.T, shape.B, shape.L, "scattered", pool, seed)
     q, kv, qo, kvp, kvi, tree, scale = case_args(case)
     chain = flashinfer_peer.chain_mask(qo, device=q.device)
     out_tree = torch.empty(q.shape[0], shape.H, 512, dtype=q.dtype, device=q.device)
@@ -52,7 +51,7 @@ def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, flush, lead
     calls = {"ours_tree": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, tree, scale, out=out_tree),
              "ours_chain": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, chain, scale, out=out_chain)}
     row = dict(shape=shape.label, H=shape.H, T=shape.T, B=shape.B, L=shape.L,
-               floor_ms=floor_seconds(case, bw, rate) * 1e3)
+               floor_ms=floor_seconds(shape, bw, rate) * 1e3)
     calls["ours_chain"](0)
     torch.cuda.synchronize()
     ref = out_chain.clone()
@@ -71,7 +70,7 @@ def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, flush, lead
         calls[name] = lambda r, run=run: run()
     for fn in calls.values():
         fn(0)
-    gpu, host = time_interleaved(calls, {n: reps for n in calls}, flush=flush, lead=lead)
+    gpu, host = time_round_robin(calls, {n: reps for n in calls}, timer)
     for name, ts in gpu.items():
         row[f"{name}_ms"] = statistics.median(ts) * 1e3
         row[f"{name}_spread"] = [min(ts) * 1e3, max(ts) * 1e3]
@@ -130,19 +129,18 @@ def main(argv=None) -> int:
         peers[name] = flashinfer_peer.FlashInferMLA(name)
         print(f"{name}: loaded in {time.time() - t0:.1f}s", flush=True)
     bw, rate = measure_ceilings()
-    pool = make_pool(args.pool_gb)
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    flush, lead = l2_flush(scratch), busy_wait()
+    pool = make_pool(pool_slots_for(args.pool_gb))
+    timer = gpu_timer()
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                  flashinfer=flashinfer_peer.version() + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
-                 argv=" ".join(["scripts/peers_bench.py"] + (argv or sys.argv[1:])))
+                 argv=" ".join(["python -m kdtree.tools.peers"] + (argv or sys.argv[1:])))
     rows, started = [], time.time()
     for i, shape in enumerate(shapes_for(args.shapes)):
         if time.time() - started > args.budget_s:
             print(f"budget of {args.budget_s}s spent: stopping before {shape.label}", flush=True)
             break
         t0 = time.time()
-        row = measure(shape, pool, peers, bw, rate, flush, lead, args.reps, seed=1000 + i)
+        row = measure(shape, pool, peers, bw, rate, timer, args.reps, seed=1000 + i)
         rows.append(row)
         print(f"{shape.label}: " + ", ".join(f"{k}={row[k]:.3f}" for k in row if k.endswith("_ms"))
               + "".join(f" [{k}: {row[k]}]" for k in row if k.endswith("_error"))

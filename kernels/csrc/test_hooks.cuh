@@ -1,0 +1,68 @@
+// Test-only and measurement-only build switches, all in one place. A real build defines none of
+// them: every hook below is then a compile-time constant or an identity, and the kernels compile
+// to exactly what they would without hooks. Builds set them through KDTREE_NVCC_FLAGS.
+//
+// KD_BREAK: deliberately broken kernels, for the gates' own tests (tests/phases, tests/kernels).
+//   1 reads the wrong tree-mask bits, 2 hides the prefix, 4 scales the scores wrongly,
+//   8 leaves the last row of every CTA unwritten.
+// KD_SKIP: measurement builds that apportion the kernel's time by leaving work out.
+//   1 drops the QK MMAs, 2 the softmax, 4 the PV MMAs, 8 the tile loads, 16 the split-combine
+//   pass (what combining inside the kernel could save at most).
+#pragma once
+
+#include <cstdint>
+
+#ifndef KD_BREAK
+#define KD_BREAK 0
+#endif
+#ifndef KD_SKIP
+#define KD_SKIP 0
+#endif
+
+namespace kdtree {
+namespace hooks {
+
+constexpr bool kSkipQK = (KD_SKIP & 1) != 0;
+constexpr bool kSkipSoftmax = (KD_SKIP & 2) != 0;
+constexpr bool kSkipPV = (KD_SKIP & 4) != 0;
+constexpr bool kSkipLoads = (KD_SKIP & 8) != 0;
+constexpr bool kSkipCombine = (KD_SKIP & 16) != 0;
+
+// Factor on every score (KD_BREAK 4: 1.25, a wrong softmax scale).
+constexpr float kScoreScale = (KD_BREAK & 4) ? 1.25f : 1.f;
+
+// KD_BREAK 1 and 2 in the two forms of the mask test (tree_verify_mla_common.cuh): a window
+// of visibility bits of keys j0 .. j0 + n - 1 (1 swaps neighbouring bits of a window that reaches
+// the tree, 2 clears the prefix keys' bits), and one key at a time (1 reads the neighbouring tree
+// bit, 2 hides every prefix key).
+__device__ __forceinline__ uint64_t visible_bits(uint64_t bits, int j0, int n, int Lp) {
+  if ((KD_BREAK & 1) && j0 + n > Lp)
+    bits = ((bits >> 1) & 0x5555555555555555ull) | ((bits << 1) & 0xAAAAAAAAAAAAAAAAull);
+  if (KD_BREAK & 2) {
+    for (int k = 0; k < n; ++k)
+      if (j0 + k < Lp) bits &= ~(1ull << k);
+  }
+  return bits;
+}
+constexpr bool kHidePrefix = (KD_BREAK & 2) != 0;
+__device__ __forceinline__ int tree_bit(int tj) { return (KD_BREAK & 1) ? tj ^ 1 : tj; }
+
+// KD_BREAK 8: the CTA's last row is not stored.
+__device__ __forceinline__ bool drops_row(bool last_row_of_cta) { return (KD_BREAK & 8) && last_row_of_cta; }
+
+// What a ring slot holds before the main loop: zeros, except in KD_SKIP 8 builds, which never
+// copy and get small pseudo-random bf16 values instead (realistic tensor-core data and power).
+__device__ __forceinline__ uint4 ring_fill(int i) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (kSkipLoads) {
+    const uint32_t h = static_cast<uint32_t>(i) * 2654435761u;
+    v.x = (h & 0x807f807fu) | 0x3c003c00u;  // bf16 pairs with |x| in [0.0078, 0.016)
+    v.y = v.x ^ 0x80008000u;
+    v.z = ((h >> 7) & 0x807f807fu) | 0x3c003c00u;
+    v.w = v.z ^ 0x00008000u;
+  }
+  return v;
+}
+
+}  // namespace hooks
+}  // namespace kdtree

@@ -1,0 +1,258 @@
+"""One call on the GPU machine: build the kernel, check every variant against the oracle, time it.
+
+    python -m kdtree.tools.devcheck [--out DIR] [--quick] [--variants base16,base32,ws]
+                                    [--splits 1,4,16] [--time-variants ws] [--configs 'H,T,B,L;...']
+
+Prints the device, the build time, a correctness table (fresh random inputs, NaN-poisoned
+outputs, fp64 oracle; every variant forced through `kdtree.kernels.cuda_op.launch`) and a
+timing table (the tools' queued timer, interleaved with the baselines that are importable)
+against the roofline measured in the same run. Writes devcheck.json into --out (default $OUT or
+.). This is the kernel engineer's inner loop; the phase-1 gates and `kdtree.tools.bench` are the
+formal record. ``--profile H,T,B,L`` only runs that config a few times (for ncu), with
+``--variant`` / ``--splits`` forcing the launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from kdtree.kernels import cli
+from kdtree.kernels.launch_plan import VARIANTS
+from kdtree.tools.cases import call, make_case, make_pool, oracle, pool_slots_for
+from kdtree.tools.roofline import Shape, bytes_moved, flops, floor_seconds
+from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
+
+CORRECTNESS = [
+    ("random H8 T16 L1000", 8, [(16, 1000)], "random"),
+    ("T=1 L=0 H16", 16, [(1, 0)], "random"),
+    ("chain H1 T5 L37", 1, [(5, 37)], "chain"),
+    ("mixed H128", 128, [(7, 300), (1, 5), (40, 0)], "star"),
+    ("T=1024 H8 L200", 8, [(1024, 200)], "random"),
+    ("H64 T64 B2 L4096", 64, [(64, 4096), (64, 4000)], "random"),
+    ("H16 T33 L16k splits", 16, [(33, 16384)], "random"),
+    ("H8 T4 L32k many splits", 8, [(4, 32768)], "random"),
+    ("odd H3", 3, [(17, 77), (3, 1), (2, 0)], "random"),
+    ("H128 T256 L2000", 128, [(256, 2000)], "random"),
+    ("star H16 T300 L50", 16, [(300, 50)], "star"),
+    ("B8 mixed H8", 8, [(t, l) for t, l in zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])], "random"),
+]
+
+TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8, 131072),
+          (16, 512, 1, 32768), (8, 4, 1, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
+          (128, 64, 8, 32768), (8, 1024, 1, 32768)]
+
+
+def kernel(variant: Optional[str] = None, num_splits: Optional[int] = None):
+    """The CUDA kernel as an op-contract callable, with its variant / split count forced."""
+    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+
+    return functools.partial(launch, variant=variant, num_splits=num_splits)
+
+
+def check_correctness(fn, trials: int = 2) -> list[dict]:
+    """Every CORRECTNESS case, ``trials`` fresh seeds each, against the fp64 oracle."""
+    rows = []
+    for name, H, reqs, kind in CORRECTNESS:
+        for _ in range(trials):
+            seed = int.from_bytes(os.urandom(4), "little")
+            case = make_case(H, reqs, kind, seed)
+            nq = case["q"].shape[0]
+            out = torch.full((nq, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            lse = torch.full((nq, H), float("nan"), dtype=torch.float32, device="cuda")
+            call(fn, case, out=out, lse=lse)
+            torch.cuda.synchronize()
+            ref_out, ref_lse = oracle(case)
+            o = out.double()
+            unwritten = int(torch.isnan(o).sum())
+            rel = float((o - ref_out).norm() / ref_out.norm())
+            mx = float((o - ref_out).abs().max())
+            lse_err = float((lse.double() - ref_lse.double()).abs().max())
+            ok = unwritten == 0 and rel <= 1e-2 and mx <= 5e-2 and lse_err <= 1e-2
+            rows.append(dict(case=name, seed=seed, rel_l2=rel, max_abs=mx, lse_abs=lse_err,
+                             unwritten=unwritten, ok=ok))
+    return rows
+
+
+def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
+    """'H,T,B,L;H,T,B,L' -> [(H, T, B, L), ...], with a clear error for anything else."""
+    configs = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        fields = part.split(",")
+        if len(fields) != 4 or not all(f.strip().isdigit() for f in fields):
+            raise argparse.ArgumentTypeError(f"{part!r} is not H,T,B,L (four whole numbers)")
+        configs.append(tuple(int(f) for f in fields))
+    if not configs:
+        raise argparse.ArgumentTypeError(f"{text!r} names no config (expected 'H,T,B,L;...')")
+    return configs
+
+
+def parse_splits(text: str) -> list[int]:
+    """'1,4,16' -> [1, 4, 16] (whole numbers >= 1)."""
+    return [cli.positive_int(s.strip()) for s in text.split(",") if s.strip()]
+
+
+def parse_variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {unknown}: expected some of {sorted(VARIANTS)}")
+    return names
+
+
+def baselines() -> dict:
+    """The importable baselines by name (naive torch, the Triton kernel)."""
+    found = {}
+    try:
+        from kdtree.kernels.naive import tree_verify_mla_naive  # noqa: PLC0415
+
+        found["naive"] = tree_verify_mla_naive
+    except Exception as exc:  # noqa: BLE001
+        print("naive unavailable:", exc)
+    try:
+        from kdtree.kernels.triton_baseline import tree_verify_mla_triton  # noqa: PLC0415
+
+        found["triton"] = tree_verify_mla_triton
+    except Exception as exc:  # noqa: BLE001
+        print("triton baseline unavailable:", exc)
+    return found
+
+
+def time_configs(configs, pool, bw, fl, fns: dict, timer, budget_s: float = 2.0, layouts=("scattered",)):
+    """Per config and layout: every implementation of ``fns`` checked against the first one,
+    then timed interleaved (median of a few dozen queued calls)."""
+    table = []
+    anchor = next(iter(fns))
+    for H, T, B, L in configs:
+        shape = Shape(H, T, B, L)
+        floor = floor_seconds(shape, bw, fl)
+        for layout in layouts:
+            case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool=pool,
+                             contiguous=layout == "contiguous")
+            ref = call(fns[anchor], case)
+            row = dict(H=H, T=T, B=B, L=L, layout=layout, floor_ms=floor * 1e3)
+            calls, reps = {}, {}
+            for name, fn in fns.items():
+                out = call(fn, case)  # warm-up: JIT compile / autotune stay out of the estimate
+                first = timer(lambda: call(fn, case))
+                if first > budget_s:
+                    row[name] = f"skipped (one call {first:.1f}s > {budget_s}s)"
+                    continue
+                rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+                row[name] = dict(rel_vs_first=rel)
+                calls[name] = lambda r, fn=fn: call(fn, case)
+                reps[name] = max(5, min(50, int(0.3 / max(first, 1e-5))))
+            gpu, _ = time_round_robin(calls, reps, timer)
+            for name, ts in gpu.items():
+                med = statistics.median(ts)
+                row[name].update(ms=med * 1e3, min_ms=min(ts) * 1e3, max_ms=max(ts) * 1e3, roofline=floor / med,
+                                 gbs=bytes_moved(shape) / med / 1e9, tflops=flops(shape) / med / 1e12)
+            table.append(row)
+            print(fmt_row(row, list(fns)), flush=True)
+    return table
+
+
+def fmt_row(row, names):
+    s = f"H{row['H']:<4}T{row['T']:<5}B{row['B']:<2}L{row['L']:<7}{row['layout'][:4]} floor {row['floor_ms']:.3f}ms"
+    for n in names:
+        v = row.get(n)
+        if isinstance(v, dict) and "ms" in v:
+            s += f" | {n} {v['ms']:.3f}ms roof {v['roofline']:.2f} {v['tflops']:.0f}TF {v['gbs']:.0f}GB/s"
+        elif v:
+            s += f" | {n} {v}"
+    return s
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.devcheck", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--splits", type=parse_splits, default=[], help="comma list of forced split counts to time")
+    ap.add_argument("--impl", action="append", default=None, choices=["cuda", "naive", "triton", "none"],
+                    help="what to time besides nothing (repeatable; 'none': correctness only)")
+    ap.add_argument("--pool-gb", type=cli.positive_float, default=8.0)
+    ap.add_argument("--variants", type=parse_variants, default=list(VARIANTS), help="kernel variants to check")
+    ap.add_argument("--time-variants", type=parse_variants, default=[], help="also time these variants")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the variant of every timed cuda call")
+    ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
+    ap.add_argument("--profile", type=parse_configs, help="H,T,B,L: only run that config a few times (for ncu)")
+    ap.add_argument("--configs", type=parse_configs, help="timing configs 'H,T,B,L;H,T,B,L' (default: built in)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kdtree.tools.devcheck: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    forced_splits = args.splits[0] if args.profile and args.splits else None
+    if args.profile:
+        H, T, B, L = args.profile[0]
+        case = make_case(H, [(T, L)] * B, "random", 1, pool_slots=max(4 * B * (L + T), 1 << 20))
+        for _ in range(3):
+            call(kernel(args.variant, forced_splits), case)
+        torch.cuda.synchronize()
+        return 0
+    report = {"device": torch.cuda.get_device_name(), "cap": torch.cuda.get_device_capability(),
+              "torch": torch.__version__, "python": platform.python_version(),
+              "nvcc_flags": os.environ.get("KDTREE_NVCC_FLAGS", "")}
+    try:
+        report["git"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    print(report, flush=True)
+    t0 = time.time()
+    from kdtree.kernels.cuda_op import device_state  # noqa: PLC0415
+
+    device_state(torch.cuda.current_device())
+    report["build_s"] = time.time() - t0
+    print(f"build {report['build_s']:.1f}s", flush=True)
+    rows = []
+    for variant in ([] if args.time_only else args.variants):
+        for r in check_correctness(kernel(variant), trials=1 if args.quick else 2):
+            rows.append(dict(r, variant=variant))
+    report["correctness"] = rows
+    for r in rows:
+        print(f"{'ok ' if r['ok'] else 'BAD'} {r['variant']:<7}{r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
+              f"lse {r['lse_abs']:.2e} unwritten {r['unwritten']}", flush=True)
+    names = args.impl or ["cuda", "naive", "triton"]
+    if names != ["none"]:
+        bw, fl = measure_ceilings()
+        report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
+        print(f"copy {bw / 1e9:.0f} GB/s  matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
+        pool = make_pool(pool_slots_for(args.pool_gb))
+        timer = gpu_timer()
+        configs = args.configs or (TIMING[:4] if args.quick else TIMING)
+        found = baselines()
+        fns = {n: kernel(args.variant) if n == "cuda" else found[n] for n in names if n == "cuda" or n in found}
+        report["timing"] = time_configs(configs, pool, bw, fl, fns, timer)
+        report["variant_sweep"] = []
+        for v in args.time_variants:
+            print(f"-- variant={v}")
+            report["variant_sweep"].append(dict(variant=v, rows=time_configs(configs, pool, bw, fl,
+                                                                              {"cuda": kernel(v)}, timer)))
+        report["split_sweep"] = []
+        for s in args.splits:
+            print(f"-- splits={s}")
+            report["split_sweep"].append(dict(splits=s, rows=time_configs(
+                configs, pool, bw, fl, {"cuda": kernel(args.variant, s)}, timer)))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    tmp = Path(args.out) / "devcheck.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, Path(args.out) / "devcheck.json")
+    return 1 if any(not r["ok"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

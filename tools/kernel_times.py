@@ -1,0 +1,94 @@
+"""Per-kernel GPU time of one op call, from CUPTI (torch.profiler): the main kernel and the
+split-combine pass apart, for each shape and each forced split count.
+
+    python -m kdtree.tools.kernel_times --configs "8,16,1,32768;64,4,1,32768" [--splits auto,8,33]
+                                        [--variant ws] [--reps 20]
+
+Each config gets one random case (scattered slots in a pool of its own); every call is queued
+behind an L2 wipe and a GPU busy-wait by the tools' timer (`kdtree.tools.timing`), as in the
+benchmark, so kernel durations are neither helped by a warm L2 nor stretched by the host. Prints,
+per config and split count, the median microseconds of every CUDA kernel the call launched and
+their sum, next to the roofline floor (copy bandwidth and matmul rate measured in the same run).
+GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+import torch
+
+from kdtree.kernels import cli
+from kdtree.kernels.launch_plan import VARIANTS
+from kdtree.tools.cases import call, make_case
+from kdtree.tools.devcheck import parse_configs
+from kdtree.tools.roofline import Shape, floor_seconds
+from kdtree.tools.timing import gpu_timer, measure_ceilings
+
+
+def kernel_times(fn, reps: int, timer) -> dict[str, list[float]]:
+    """Microseconds per launch of each of the project's CUDA kernels (namespace kdtree) that `fn`
+    runs, over `reps` calls, each queued by ``timer``."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            timer(fn)
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "kdtree" in ev.name:
+            times[ev.name].append(ev.time_range.end - ev.time_range.start)
+    return times
+
+
+def short_name(name: str) -> str:
+    """The kernel's name without namespace and template noise."""
+    base = name.split("(")[0].split("<")[0]
+    return base.rsplit("::", 1)[-1] or name[:40]
+
+
+def parse_split_list(text: str) -> list:
+    """'auto,8,33' -> [None, 8, 33] (None: the launch plan's own choice)."""
+    return [None if s.strip() == "auto" else cli.positive_int(s.strip()) for s in text.split(",") if s.strip()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.kernel_times", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", required=True, type=parse_configs, help="'H,T,B,L;...'")
+    ap.add_argument("--splits", type=parse_split_list, default=[None],
+                    help="comma list of split counts, 'auto' = the launch plan's")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the kernel variant")
+    ap.add_argument("--reps", type=cli.positive_int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kdtree.tools.kernel_times needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+
+    bw, rate = measure_ceilings()
+    timer = gpu_timer()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    for H, T, B, L in args.configs:
+        case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))
+        floor_us = floor_seconds(Shape(H, T, B, L), bw, rate) * 1e6
+        for splits in args.splits:
+            fn = functools.partial(launch, variant=args.variant, num_splits=splits)
+            times = kernel_times(lambda: call(fn, case), args.reps, timer)
+            parts = {short_name(k): statistics.median(v) for k, v in times.items()}
+            total = sum(parts.values())
+            desc = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+            print(f"H{H} T{T} B{B} L{L} splits={splits or 'auto'}: floor {floor_us:.1f} us | kernels {total:.1f} us "
+                  f"({floor_us / total:.2f} of the floor) = {desc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))

@@ -1,0 +1,61 @@
+"""A small driver for compute-sanitizer: every kernel variant on small shapes, checked.
+
+    compute-sanitizer --tool memcheck python -m kdtree.tools.sanitize_driver
+
+Inputs are built on the host and copied over, and the oracle runs on the host, so the only GPU
+kernels launched are the tree-verify kernels (and the split combine). Every variant is forced
+through `kdtree.kernels.cuda_op.launch`, with the plan's split count and with a forced one.
+Prints DONE_MARKER last, so a run that dies early can never pass as clean. Exit status 1 if any
+output is wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from kdtree.kernels import cli
+
+DONE_MARKER = "kdtree-sanitize-driver: done"
+CASES = [  # (H, [(T_b, L_b)], tree kind): short prefixes, splits, mask words, ragged tiles
+    (8, [(16, 70)], "random"),
+    (3, [(5, 0), (1, 9), (40, 33)], "random"),
+    (16, [(33, 2100)], "star"),
+    (128, [(2, 17)], "chain"),
+]
+FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it would take one
+
+
+def main(argv=None) -> int:
+    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+    from kdtree.kernels.launch_plan import VARIANTS  # noqa: PLC0415
+    from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
+    from kdtree.tools.cases import make_case  # noqa: PLC0415
+
+    bad = 0
+    for variant in VARIANTS:
+        for splits in FORCED_SPLITS:
+            for H, reqs, kind in CASES:
+                host = make_case(H, reqs, kind, seed=7, device="cpu")
+                dev = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in host.items()}
+                nq = host["q"].shape[0]
+                out = torch.full((nq, H, 512), float("nan"), dtype=torch.bfloat16).to("cuda")
+                lse = torch.full((nq, H), float("nan"), dtype=torch.float32).to("cuda")
+                launch(dev["q"], dev["kv_cache"], dev["qo_indptr"], dev["kv_indptr"], dev["kv_indices"],
+                       dev["tree_mask"], dev["sm_scale"], out=out, lse=lse, variant=variant, num_splits=splits)
+                got = out.to("cpu").double()
+                ref = tree_verify_mla_reference(host["q"].double(), host["kv_cache"].double(), host["qo_indptr"],
+                                                host["kv_indptr"], host["kv_indices"], host["tree_mask"],
+                                                host["sm_scale"])
+                rel = float((got - ref).norm() / ref.norm())
+                ok = rel <= 1e-2 and not torch.isnan(got).any()
+                bad += not ok
+                print(f"{variant:7s} splits={splits or 'auto'} H{H} {reqs}: rel {rel:.2e} {'ok' if ok else 'WRONG'}",
+                      flush=True)
+    print(DONE_MARKER, flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main))
