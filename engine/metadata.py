@@ -1,4 +1,4 @@
-"""Attention metadata for a batch, in the op contract's layout (DESIGN section 3).
+"""Attention metadata for a batch, in the op contract's layout (docs/design.md section 3).
 
 For every mode, request b's query rows are ``qo_indptr[b]:qo_indptr[b+1]`` and its slots are
 ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``: the slots already holding KV, then the slots of this

@@ -1,4 +1,4 @@
-"""MLA tree-verify attention: the op contract (DESIGN section 3) and its implementations.
+"""MLA tree-verify attention: the op contract (docs/design.md section 3) and its implementations.
 
     tree_verify_mla(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
                     *, out=None, lse=None) -> out

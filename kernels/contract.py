@@ -1,4 +1,4 @@
-"""Input validation for the op contract (DESIGN section 3), shared by every implementation.
+"""Input validation for the op contract (docs/design.md section 3), shared by every implementation.
 
 Shape, dtype, device and contiguity checks are free and always run. Checks on index *values*
 (indptr monotonicity, T_b bounds, every mask row holding its own node, slot ids in range) need

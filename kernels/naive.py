@@ -3,7 +3,7 @@
 Per request: gather the slots, score all heads and tree nodes in one matmul in the input dtype,
 hide the tree slots outside each node's ancestor set, softmax in fp32, one matmul with the
 values (the first 512 latent dims) in the input dtype. It is the "naive torch" column of
-DESIGN section 3b; it materialises the full score matrix, so it is bandwidth-hungry on purpose.
+docs/design.md section 3b; it materialises the full score matrix, so it is bandwidth-hungry on purpose.
 """
 
 from __future__ import annotations

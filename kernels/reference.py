@@ -21,7 +21,7 @@ def tree_verify_mla_reference(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr
                               tree_mask: torch.Tensor, sm_scale: float, *,
                               out: Optional[torch.Tensor] = None,
                               lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """softmax(q·Kᵀ·sm_scale, tree-masked) · V for every request; see DESIGN section 3."""
+    """softmax(q·Kᵀ·sm_scale, tree-masked) · V for every request; see docs/design.md section 3."""
     validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse,
              float_dtypes=(torch.bfloat16, torch.float16, torch.float32, torch.float64))
     out, lse = allocate_outputs(q, out, lse)

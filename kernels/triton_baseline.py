@@ -1,4 +1,4 @@
-"""The Triton baseline: tree verify the way engines run it today (DESIGN section 3b).
+"""The Triton baseline: tree verify the way engines run it today (docs/design.md section 3b).
 
 Written in the style of SGLang's ``extend_attention_fwd`` target-verify path: one program per
 (request, head, block of 32 tree nodes), 64-key tiles, 8 warps, one pipeline stage. Each program

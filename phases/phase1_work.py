@@ -13,7 +13,7 @@ from typing import Any
 
 from kdtree.gates.base import GateContext, GateResult
 
-# Edge cases of DESIGN section 4 plus random mixes: (name, H, [(T_b, L_b) per request], tree kind).
+# Edge cases of docs/design.md section 4 plus random mixes: (name, H, [(T_b, L_b) per request], tree kind).
 ACCURACY_CASES = [
     ("random H8 T16 L1000", 8, [(16, 1000)], "random"),
     ("T1 L0 H16", 16, [(1, 0)], "random"),

@@ -4,7 +4,7 @@ Tier 0 (`kdtree.engine.allocator.SortedRunAllocator`) keeps free slots as sorted
 allocation from the lowest run that fits and grows a request's last run in place. Tier 1
 (`kdtree.engine.relocation.Relocator`) moves live KV between steps under a per-step copy budget,
 rewriting every holder of slot ids (req_to_token, a draft model's pool, a prefix cache's nodes)
-with the copy, and never touching a slot a running or captured step can read (pins). DESIGN 3b
+with the copy, and never touching a slot a running or captured step can read (pins). docs/design.md section 3b
 measured that scattered slots cost attention ~1 % on the H200, so the gates do not claim
 bandwidth: they prove defrag loses nothing and slows nothing, and measure what contiguity buys
 (the `benefit` gate), including where it buys nothing.

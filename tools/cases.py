@@ -1,7 +1,7 @@
 """Inputs for the op contract, the one generator every tool, test and gate draws them from, and
 the fp64 oracle that answers them.
 
-A *case* is the dict of op-contract inputs (DESIGN section 3), keyed by the op's parameter
+A *case* is the dict of op-contract inputs (docs/design.md section 3), keyed by the op's parameter
 names, for H heads and a list of requests [(T_b, L_b)]: ``q`` [sum T_b, H, 576] bf16, a bf16
 latent pool ``kv_cache`` [S, 576] (drawn, or the caller's), ``qo_indptr`` / ``kv_indptr``
 (int32, B+1), ``kv_indices`` (each request's L_b prefix slots then its T_b tree slots, distinct,

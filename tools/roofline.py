@@ -1,4 +1,4 @@
-"""Bytes and FLOPs of one tree-verify call and the two floors they imply (DESIGN section 3b).
+"""Bytes and FLOPs of one tree-verify call and the two floors they imply (docs/design.md section 3b).
 
     python -m kdtree.tools.roofline --bw 4.244e12 --flops 7.88e14 [--quick]
 
@@ -21,7 +21,7 @@ Q_BYTES = 576 * 2
 OUT_BYTES = 512 * 2
 FLOPS_PER_SCORE = 2 * (576 + 512)
 
-# The H200 figures DESIGN section 3b was measured against.
+# The H200 figures docs/design.md section 3b was measured against.
 H200_COPY_BYTES_PER_S = 4.244e12
 H200_BF16_FLOPS_PER_S = 7.88e14
 
@@ -50,7 +50,7 @@ def bytes_moved(s: Shape) -> int:
 
 
 def flops(s: Shape) -> int:
-    """Matmul FLOPs of one call, the count DESIGN 3b uses."""
+    """Matmul FLOPs of one call, the count docs/design.md section 3b uses."""
     return s.B * s.H * s.T * (s.L + s.T) * FLOPS_PER_SCORE
 
 

@@ -48,7 +48,7 @@ def test_uniform_case_rejects_a_pool_too_small(pool):
 
 
 def test_floor_matches_design_table():
-    # DESIGN 3b, floor column at 4244 GB/s and 788 TFLOP/s
+    # docs/design.md section 3b, floor column at 4244 GB/s and 788 TFLOP/s
     for (H, T, B, L), want_ms in [((8, 16, 1, 32768), 0.012), ((8, 16, 1, 131072), 0.046),
                                   ((64, 16, 8, 32768), 0.74), ((64, 64, 8, 131072), 11.9)]:
         got = roofline.floor_seconds(roofline.Shape(H, T, B, L), 4.244e12, 7.88e14) * 1e3
