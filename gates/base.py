@@ -81,15 +81,16 @@ class Figure(BaseModel):
 
     def render(self) -> str:
         """``speedup 4.2x >= 3.0x`` style text."""
-        val = "NaN" if self.value is None else _fmt(self.value)
+        val = "NaN" if self.value is None else fmt_number(self.value)
         text = f"{self.name} {val}{self.unit}"
         if self.threshold is not None and self.op is not None:
             mark = "" if self.ok else " (miss)"
-            text += f" {self.op} {_fmt(self.threshold)}{self.unit}{mark}"
+            text += f" {self.op} {fmt_number(self.threshold)}{self.unit}{mark}"
         return text
 
 
-def _fmt(x: float) -> str:
+def fmt_number(x: float) -> str:
+    """A figure's value as reports write it (3 significant digits, no needless exponent)."""
     if x == 0:
         return "0"
     ax = abs(x)

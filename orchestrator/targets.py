@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kdtree.gates.base import GateResult, Outcome, compare
+from kdtree.gates.base import GateResult, Outcome, compare, fmt_number  # noqa: F401 - fmt_number re-exported
 from kdtree.gates.spec import PhaseSpec, Target
 from kdtree.orchestrator.specs import RunRecord, TargetResult
 
@@ -68,20 +68,6 @@ def shown_targets(record: RunRecord, current: PhaseSpec) -> tuple[list[TargetRes
         return list(record.targets), False
     ran = {r.gate for r in record.results}
     return [t for t in evaluate_targets(current, record.results) if t.gate in ran], True
-
-
-def fmt_number(x: float) -> str:
-    """A figure's value the way `kdtree.gates.base.Figure.render` writes it (3 significant digits)."""
-    ax = abs(x)
-    if x == 0:
-        return "0"
-    if ax >= 1000 or ax < 1e-3:
-        return f"{x:.3g}"
-    if ax >= 100:
-        return f"{x:.0f}"
-    if ax >= 10:
-        return f"{x:.1f}"
-    return f"{x:.3g}"
 
 
 def target_text(t: TargetResult) -> str:
