@@ -43,6 +43,10 @@ except ImportError as err:
 PY
 cat "$OUT/sglang-imports.txt" | tee -a "$LOG"
 
+# where an eager verify step spends its time (host vs GPU), per backend, before the run
+timeout 120 python3 -m kdtree.tools.step_profile --context 4096 --context 32768 --json "$OUT/step_profile.json" 2>&1 \
+  | grep -v Warning | tee -a "$LOG"
+
 # the run first, so its record comes back whatever the tests do
 timeout 380 python3 -m kdtree.orchestrator --repo . run phase2 --device cuda --force 2>&1 | tail -40 | tee -a "$LOG"
 newest=$(ls -t plans/results/phase2/2*.json 2>/dev/null | head -1)
