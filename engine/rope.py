@@ -42,4 +42,4 @@ class RopeTables:
         cos, sin = (self.cos, self.sin) if x.dim() == 2 else (self.cos[:, None], self.sin[:, None])
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return torch.addcmul(x * cos, rotated, sin)
