@@ -12,15 +12,43 @@ import types
 NEVER_STUB = {"torch", "triton", "sglang", "numpy", "kdtree"}
 
 
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+class _StubMeta(type):
+    """Stub classes answer any attribute with another stub class (``logger.enable(...)`` works)."""
+
+    def __getattr__(cls, name: str):
+        if _dunder(name):
+            raise AttributeError(name)
+        return _stub_class(name)
+
+
+def _stub_init(self, *args, **kwargs) -> None:
+    pass
+
+
+def _stub_getattr(self, name: str):
+    if _dunder(name):
+        raise AttributeError(name)
+    return _stub_class(name)
+
+
+def _stub_class(name: str) -> type:
+    return _StubMeta(name, (), {"__init__": _stub_init, "__call__": lambda self, *a, **k: None,
+                                "__getattr__": _stub_getattr})
+
+
 class _StubModule(types.ModuleType):
-    """A module whose every attribute is a fresh empty class (subclassable, callable, no effect)."""
+    """A module whose every attribute is a fresh stub class (subclassable, callable, no effect)."""
 
     __path__: list[str] = []
 
     def __getattr__(self, name: str):
-        if name.startswith("__") and name.endswith("__"):
+        if _dunder(name):
             raise AttributeError(name)
-        value = type(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None})
+        value = _stub_class(name)
         setattr(self, name, value)
         return value
 
