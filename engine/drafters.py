@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from kdtree.engine.h2d import to_device
 from kdtree.engine.metadata import decode_metadata
 from kdtree.engine.speculative import Request, Runner
 from kdtree.engine.tree import TokenTree, TreeBuilder, best_first_tree
@@ -83,7 +84,7 @@ class SelfDraftDrafter(Drafter):
         try:
             for _ in range(depth):
                 slots = pool.alloc(len(requests)).tolist()
-                context = [torch.cat([p, torch.tensor(t, dtype=torch.int32, device=dev)]) if t else p
+                context = [torch.cat([p, to_device(t, dev, torch.int32)]) if t else p
                            for p, t in zip(prefix, temp)]
                 for t, s in zip(temp, slots):
                     t.append(s)

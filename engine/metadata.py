@@ -18,6 +18,7 @@ from typing import Literal, Optional, Sequence
 
 import torch
 
+from kdtree.engine.h2d import to_device
 from kdtree.kernels.masks import pack_tree_masks
 
 Mode = Literal["extend", "decode", "verify"]
@@ -46,7 +47,7 @@ class AttentionMetadata:
 def _indptr(lengths: Sequence[int], device) -> torch.Tensor:
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(list(lengths), dtype=torch.int64).cumsum(0)
-    return out.to(device)
+    return to_device(out, device)
 
 
 def _flatten(prefix_slots, new_slots, device) -> torch.Tensor:
@@ -55,11 +56,11 @@ def _flatten(prefix_slots, new_slots, device) -> torch.Tensor:
     prefix never goes through a host list again."""
     if not any(isinstance(p, torch.Tensor) for p in prefix_slots):
         flat = [s for p, n in zip(prefix_slots, new_slots) for s in (*p, *n)]
-        return torch.tensor(flat, dtype=torch.int32, device=device)
-    new_flat = torch.tensor([s for n in new_slots for s in n], dtype=torch.int32, device=device)
+        return to_device(flat, device, torch.int32)
+    new_flat = to_device([s for n in new_slots for s in n], device, torch.int32)
     pieces, at = [], 0
     for p, n in zip(prefix_slots, new_slots):
-        pieces.append(p if isinstance(p, torch.Tensor) else torch.tensor(list(p), dtype=torch.int32, device=device))
+        pieces.append(p if isinstance(p, torch.Tensor) else to_device(list(p), device, torch.int32))
         pieces.append(new_flat[at: at + len(n)])
         at += len(n)
     return torch.cat(pieces)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from kdtree.engine.h2d import to_device
 from kdtree.engine.kv_pool import KVPool
 
 
@@ -35,7 +36,7 @@ class SlotMirror:
         start = len(seen)
         if n > start:
             buf = self._buffer(rid, n, keep=start)
-            buf[start:n] = torch.tensor(host[start:n], dtype=torch.int32).to(self.device, non_blocking=True)
+            buf[start:n] = to_device(host[start:n], self.device, torch.int32)
             seen.extend(host[start:n])
             self.uploaded += n - start
         return self._buffer(rid, n, keep=n)[:n]

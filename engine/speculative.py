@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from kdtree.engine.backends import AttentionBackend
+from kdtree.engine.h2d import to_device
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.metadata import AttentionMetadata, decode_metadata, extend_metadata, verify_metadata
 from kdtree.engine.model import MLAModel
@@ -64,10 +65,10 @@ class Runner:
                 meta: AttentionMetadata, num_layers: Optional[int] = None,
                 logit_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
         dev = self.model.device
-        rows = None if logit_rows is None else torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
+        rows = None if logit_rows is None else to_device(list(logit_rows), dev, torch.long)
         positions = list(positions)
-        return self.model(torch.tensor(list(tokens), device=dev), torch.tensor(positions, device=dev),
-                          torch.tensor(list(slots), dtype=torch.int32, device=dev), self.pool.kv,
+        return self.model(to_device(list(tokens), dev, torch.long), to_device(positions, dev, torch.long),
+                          to_device(list(slots), dev, torch.int32), self.pool.kv,
                           self.backend, meta, num_layers, rows, max_position=max(positions, default=None))
 
     def prefix(self, rid: int) -> torch.Tensor:

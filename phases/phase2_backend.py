@@ -51,9 +51,11 @@ SPEC = PhaseSpec(
             min_median_speedup=2.0, min_each_speedup=1.2, warmup=3, repeats=15, agree_max_rel_l2=2e-2,
             description="one whole verify step of the dsv3-tp8 model (8 layers; every layer's attention, "
                         "projections, MLPs, KV writes, head, metadata), B=2, a 64-node tree, kernel backend vs "
-                        "Triton backend interleaved, at L = 4k, 32k, 128k; logits agree first; step time "
-                        "broken down (attention, conversion, rest) and the SGLang converter's share of one "
-                        "kernel call in the details"),
+                        "Triton backend interleaved, at L = 4k, 32k, 128k; logits agree first; the step's GPU "
+                        "time (CUDA events, each step queued behind a 30 ms GPU busy-wait so that the Python "
+                        "enqueue is hidden, as in a CUDA-graph replay); eager wall-clock ratios "
+                        "(eager_speedup_*), step time broken down (attention, conversion, rest) and the SGLang "
+                        "converter's share of one kernel call in the details"),
         MetricGateSpec(
             name="decode_speedup", requires=["cuda", "triton"],
             thresholds=[

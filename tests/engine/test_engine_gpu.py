@@ -42,3 +42,22 @@ def test_long_prompt_prefills_in_chunks_on_the_kernel_and_stays_exact():
     got = generate([prompt], model=model, drafter="ddtree", budget=32, backend="kernel", max_new_tokens=8,
                    prefill_chunk=2048)
     assert got.tokens == ref.tokens
+
+
+def test_an_eager_verify_step_on_the_kernel_never_waits_for_the_gpu():
+    """Uploads are pinned and asynchronous, the position bound comes from the host: under
+    torch's sync debug mode a whole verify step (metadata, every layer, the head) raises nothing."""
+    import torch
+
+    from kdtree.engine import build_model, preset
+    from kdtree.phases.phase2_work import VerifySetup
+
+    model = build_model(preset("tiny"), device="cuda")
+    setup = VerifySetup(model, context=300, batch=2, budget=16, seed=3, backends=("kernel",))
+    setup.step("kernel")  # first call: the extension and its workspace
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        setup.step("kernel")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
