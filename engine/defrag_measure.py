@@ -111,3 +111,22 @@ def releasable_tail(run: ChurnRun) -> int:
     """Slots in the free run that ends at the top of the pool (0 if the last slot is in use)."""
     alloc = run.pool.allocator
     return alloc.num_slots - 1 - alloc._in_use.rfind(1)
+
+
+H200_HBM_BYTES_PER_S = 4.3e12  # the copy bandwidth phase 1 measured on the H200 (4291 GB/s)
+
+
+def verify_step_hbm_bytes(cfg, batch: int, context: int, tree_nodes: int) -> dict[str, int]:
+    """HBM bytes one verify step of `cfg` (a `kdtree.engine.config.ModelConfig`) must read at least:
+    every layer's KV for every request's context and tree (576 bf16 per token), and every layer's
+    weights (bf16) plus the LM head, each once. A floor: activations and the kernel's re-reads are
+    left out."""
+    h, heads = cfg.hidden_size, cfg.num_heads
+    q = h * (cfg.q_lora_rank or 0) + (cfg.q_lora_rank or h) * heads * cfg.qk_head_dim
+    kv_a = h * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    kv_b = cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    o = heads * cfg.v_head_dim * h
+    mlp = 3 * h * cfg.intermediate_size
+    weights = 2 * (cfg.num_layers * (q + kv_a + kv_b + o + mlp) + cfg.vocab_size * h)
+    kv = cfg.num_layers * batch * (context + tree_nodes) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+    return {"kv_bytes": kv, "weight_bytes": weights, "total_bytes": kv + weights}

@@ -96,7 +96,8 @@ SPEC = PhaseSpec(
 TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "integrity": [("kv_bytes_changed", "==", 0.0)],
     "token_exact": [("exact_fraction", ">=", 1.0)],
-    "contiguity": [("run_reduction_tier01", ">=", 10.0), ("copy_traffic_fraction", "<=", 0.01)],
+    "contiguity": [("run_reduction_tier01", ">=", 10.0), ("copy_traffic_fraction", "<=", 0.01),
+                   ("alloc_cost_fraction_of_hbm_floor", "<", 0.02)],
     "no_slowdown": [("alloc_cost_fraction_of_step", "<", 0.02)],
 }
 

@@ -171,3 +171,66 @@ def test_runs_of_sorted_covers_exactly_the_slots(slots):
     runs = runs_of_sorted(sorted(slots))
     assert [s for a, n in runs for s in range(a, a + n)] == sorted(slots)
     assert all(a + n < b for (a, n), (b, _) in zip(runs, runs[1:]))
+
+
+def test_first_fit_stays_the_lowest_fit_over_long_churn_with_heap_rebuilds():
+    """Thousands of takes and frees (so stale heap entries pile up and the heaps are rebuilt):
+    first_fit, run_at and largest_run keep agreeing with a plain set of free slots."""
+    import random
+
+    rng = random.Random(7)
+    size = 400
+    runs, free = FreeRuns(size), set(range(size))
+    rebuilds = 0
+    real_rebuild = runs._rebuild_heaps
+
+    def counted():
+        nonlocal rebuilds
+        rebuilds += 1
+        real_rebuild()
+
+    runs._rebuild_heaps = counted
+    for _ in range(4000):
+        if free and (rng.random() < 0.5 or len(free) == size):
+            start, length = rng.choice(runs_of_sorted(sorted(free)))
+            n = rng.randint(1, length)
+            assert runs.take_head(start, n) == n
+            free -= set(range(start, start + n))
+        else:
+            used = runs_of_sorted(sorted(set(range(size)) - free))
+            start, length = rng.choice(used)
+            a = rng.randint(start, start + length - 1)
+            b = rng.randint(a + 1, start + length)
+            runs.add_range(a, b - a)
+            free |= set(range(a, b))
+        n = rng.randint(1, 40)
+        assert runs.first_fit(n) == _brute_first_fit(free, n)
+        want = max(runs_of_sorted(sorted(free)), key=lambda r: (r[1], -r[0]), default=(-1, 0))
+        assert runs.largest_run() == want
+    assert rebuilds > 0  # the lazy-deletion path was exercised
+    assert list(runs.runs()) == runs_of_sorted(sorted(free))
+
+
+def test_take_head_takes_from_a_run_start_only():
+    runs = FreeRuns(10)
+    assert runs.take_head(3, 2) == 0  # no run starts at 3: nothing taken
+    assert runs.take_head(0, 4) == 4 and list(runs.runs()) == [(4, 6)]
+    assert runs.take_head(4, 100) == 6 and list(runs.runs()) == [] and runs.num_free == 0
+
+
+def test_alloc_after_batch_grows_every_request_in_place_in_order():
+    a = SortedRunAllocator(64)
+    first = a.alloc_list(4)  # 0..3
+    a.alloc_list(4)  # 4..7: blocks the first request's growth
+    second = a.alloc_list(2)  # 8, 9: free after it
+    got = a.alloc_after_batch([first[-1], second[-1]], 3)
+    assert got[0] == [10, 11, 12]  # first cannot grow: the lowest run that fits (after 9)
+    assert got[1] == [13, 14, 15]  # ... so the second's growth slots moved up: served in order
+    a2 = SortedRunAllocator(64)
+    r0 = a2.alloc_list(4)
+    a2.alloc_list(6)  # 4..9
+    r1 = a2.alloc_list(2)  # 10, 11
+    assert a2.alloc_after_batch([r1[-1], r0[-1]], 3) == [[12, 13, 14], [15, 16, 17]]
+    with pytest.raises(PoolExhaustedError):
+        a2.alloc_after_batch([r0[-1], r1[-1]], 30)
+    assert a2.num_free == 64 - 18  # all or nothing

@@ -11,6 +11,7 @@ from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.phases import phase4_defrag, phase4_work
 
 SMALL_SCALE = dict(num_slots=1 << 14, live_requests=12, steps=30, prompt_len=(64, 512), new_tokens=(16, 192))
+SMALL_ALLOC_COST = dict(num_slots=1 << 15, live_requests=8, steps=20, prompt_len=(2048, 2048), new_tokens=(16, 128))
 SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16, 192), new_tokens=(8, 64))
 
 
@@ -18,6 +19,7 @@ SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16
 def small_sizes(monkeypatch):
     monkeypatch.setitem(phase4_work.SCALE, "quick", SMALL_SCALE)
     monkeypatch.setitem(phase4_work.INTEGRITY, "quick", SMALL_INTEGRITY)
+    monkeypatch.setitem(phase4_work.ALLOC_COST, "quick", SMALL_ALLOC_COST)
 
 
 def _ctx():
@@ -118,6 +120,12 @@ def test_contiguity_records_every_mode_and_the_sglang_model_cost():
         assert _figure(r, f"runs_per_request_{name}") >= 1
     assert _figure(r, "runs_per_request_tier01") < _figure(r, "runs_per_request_unsorted")
     assert _figure(r, "alloc_us_per_step_sglang_model") > 0
+    for name in ("unsorted", "tier01", "sglang_model"):  # the target's B=8 allocator cost, by scheme
+        assert _figure(r, f"allocator_us_per_step_b8_{name}") > 0
+    floor = _figure(r, "verify_step_ms_hbm_floor")
+    assert 0.9 < floor < 1.0  # dsv3-tp8, B=8, L=32k: 4.0 GB / 4.3 TB/s
+    assert _figure(r, "alloc_cost_fraction_of_hbm_floor") == pytest.approx(
+        _figure(r, "allocator_us_per_step_b8_tier01") / 1e3 / floor)
 
 
 @pytest.mark.slow
