@@ -136,7 +136,8 @@ class SortedRunAllocator(SlotAllocator):
     ``alloc(n)`` takes the lowest run of at least n slots; when no run is that long it takes the
     largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
     the free slots directly after `last` (growing the caller's last run), then falls back to
-    ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call. Frees merge
+    ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call, every
+    request's growth before any fall-back. Frees merge
     with their neighbours, so a freed request's run comes back whole.
     """
 
@@ -170,14 +171,26 @@ class SortedRunAllocator(SlotAllocator):
         self._grow(out, last, n)
         return out
 
-    def alloc_after_batch(self, lasts: Sequence[int], n: int) -> list[list[int]]:
-        """`alloc_after(last, n)` for every last slot in order (one step's requests), all or nothing."""
-        self._check_count(n * len(lasts), "alloc_after_batch")
-        outs = []
-        for last in lasts:
+    def alloc_after_batch(self, lasts: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+        """`alloc_after(lasts[b], sizes[b])` for every b (one step's requests), all or nothing: first
+        every request grows after its last slot, then the ones still short fall back, in order."""
+        if len(lasts) != len(sizes):
+            raise ValueError(f"alloc_after_batch: {len(lasts)} last slots but {len(sizes)} sizes")
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"alloc_after_batch: sizes must be >= 0, got {list(sizes)}")
+        self._check_count(sum(sizes), "alloc_after_batch")
+        outs: list[list[int]] = []
+        short = []
+        for b, (last, n) in enumerate(zip(lasts, sizes)):  # every request grows in place first ...
             out: list[int] = []
-            self._grow(out, last, n)
+            got = self._runs.take_head(last + 1, n) if last >= 0 and n else 0
+            if got:
+                self._mark_taken(last + 1, got, out)
+            if got < n:
+                short.append((b, n - got))
             outs.append(out)
+        for b, n in short:  # ... so that no request's fill takes the slots another one grows into
+            self._fill(outs[b], n)
         return outs
 
     def free(self, slots) -> None:

@@ -181,7 +181,7 @@ class ChurnRun:
         cfg, pool = self.cfg, self.pool
         T = cfg.tree_size
         t0 = time.perf_counter()
-        trees = pool.alloc_trees(live, T)  # tier0: grown per request; else one batch alloc, split
+        trees = pool.alloc_trees(live, [T] * len(live))  # tier0: grown per request; else one alloc, split
         self._t_allocator += time.perf_counter() - t0
         written = {r: self._rows(len(s)) for r, s in zip(live, trees)}  # the model writes every node
         if self._materialised:

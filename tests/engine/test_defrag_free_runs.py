@@ -218,19 +218,17 @@ def test_take_head_takes_from_a_run_start_only():
     assert runs.take_head(4, 100) == 6 and list(runs.runs()) == [] and runs.num_free == 0
 
 
-def test_alloc_after_batch_grows_every_request_in_place_in_order():
+def test_alloc_after_batch_grows_every_request_before_any_falls_back():
     a = SortedRunAllocator(64)
     first = a.alloc_list(4)  # 0..3
     a.alloc_list(4)  # 4..7: blocks the first request's growth
     second = a.alloc_list(2)  # 8, 9: free after it
-    got = a.alloc_after_batch([first[-1], second[-1]], 3)
-    assert got[0] == [10, 11, 12]  # first cannot grow: the lowest run that fits (after 9)
-    assert got[1] == [13, 14, 15]  # ... so the second's growth slots moved up: served in order
-    a2 = SortedRunAllocator(64)
-    r0 = a2.alloc_list(4)
-    a2.alloc_list(6)  # 4..9
-    r1 = a2.alloc_list(2)  # 10, 11
-    assert a2.alloc_after_batch([r1[-1], r0[-1]], 3) == [[12, 13, 14], [15, 16, 17]]
+    got = a.alloc_after_batch([first[-1], second[-1]], [3, 3])
+    assert got[1] == [10, 11, 12]  # the second grows in place although the first asked before it
+    assert got[0] == [13, 14, 15]  # the first, blocked, gets the lowest run that fits after that
+    assert a.alloc_after_batch([got[1][-1], -1], [2, 1]) == [[16, 17], [18]]
     with pytest.raises(PoolExhaustedError):
-        a2.alloc_after_batch([r0[-1], r1[-1]], 30)
-    assert a2.num_free == 64 - 18  # all or nothing
+        a.alloc_after_batch([first[-1], second[-1]], [30, 30])
+    assert a.num_free == 64 - 19  # all or nothing
+    with pytest.raises(ValueError, match="sizes"):
+        a.alloc_after_batch([first[-1]], [1, 2])
