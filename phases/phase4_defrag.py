@@ -86,8 +86,11 @@ SPEC = PhaseSpec(
             thresholds=[Threshold(figure="handoff_speedup", op=">=", value=2.0, unit="x")],
             description="a B=8 L=32k request's KV copied to host memory and back, fragmented / defragmented, "
                         "best of a gather and one copy per run on each side (pinned memory on a GPU; the CPU "
-                        "figure is a fallback, noted in the record); run-length metadata bytes and its "
-                        "runs -> kv_indices expansion per step are recorded"),
+                        "figure is a fallback, noted in the record). Recorded beside it: the hand-off as "
+                        "SGLang's PD disaggregation issues it (one transfer per contiguous run per layer), "
+                        "the gather's staging memory and, on a GPU, the slowdown of a verify kernel on the "
+                        "main stream while either copy runs on a side stream; run-length metadata bytes, "
+                        "its runs -> kv_indices expansion and the full indices' upload per step"),
     ],
 )
 

@@ -419,7 +419,8 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
     import torch  # noqa: PLC0415
 
     from kdtree.engine.defrag_measure import (  # noqa: PLC0415
-        churn_layouts, copy_out_and_back, expand_seconds, request_runs_tensors,
+        churn_layouts, copy_out_and_back, expand_seconds, gather_out,
+        gather_staging_bytes, median_seconds, pd_handoff, request_runs_tensors, upload_seconds,
     )
     from kdtree.engine.run_metadata import indices_metadata_bytes, runs_metadata_bytes  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
@@ -452,6 +453,26 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
         "measured_on_gpu": 1.0 if device.type == "cuda" else 0.0,
     }
     figures.update({f"handoff_ms_{k}": v * 1e3 for k, v in t.items()})
+    # (a) the hand-off as SGLang's PD disaggregation issues it: one transfer per contiguous run
+    # of (source, destination) slots per layer, one way; the one-way gather beside it
+    tokens0 = len(layouts["unsorted"][0])
+    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
+        ctx.progress(f"benefit: PD hand-off, {name}", None)
+        seconds, transfers = pd_handoff(pool, layouts[m][0], repeats)
+        figures[f"pd_handoff_ms_{name}"] = seconds * 1e3
+        figures[f"pd_transfers_per_layer_{name}"] = transfers
+        figures[f"gather_out_ms_{name}"] = median_seconds(gather_out(pool, layouts[m][0]), device, repeats) * 1e3
+    figures["pd_handoff_speedup"] = figures["pd_handoff_ms_fragmented"] / figures["pd_handoff_ms_defragmented"]
+    figures["pd_handoff_defragmented_vs_gather"] = (figures["pd_handoff_ms_defragmented"]
+                                                    / figures["gather_out_ms_defragmented"])
+    # (b) what the gather costs that per-run copies do not: staging memory, and the main stream's
+    # slowdown while the copy runs on a side stream
+    staging = gather_staging_bytes(tokens0, 1152, STEP_LAYERS)
+    figures["gather_staging_MB_per_layer"] = staging["per_layer"] / 1e6
+    figures[f"gather_staging_GB_{STEP_LAYERS}_layers"] = staging["all_layers"] / 1e9
+    figures["interference_measured"] = 1.0 if device.type == "cuda" else 0.0
+    if device.type == "cuda":
+        figures.update(_interference(pool, layouts, runs, live, device, seed))
     del pool
     tokens = sum(len(s) for s in layouts["unsorted"])
     for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
@@ -460,9 +481,46 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
         figures[f"runs_expand_us_{name}"] = expand_seconds(starts, lens, total) * 1e6
         figures[f"runs_per_request_{name}"] = starts.numel() / len(live)
     figures["metadata_indices_bytes"] = indices_metadata_bytes(tokens, len(live))
+    # What the runs would save: uploading the whole kv_indices each step. The engine does not do
+    # that: its SlotMirror keeps request prefixes on the device and uploads only the new slots.
+    figures["indices_upload_us"] = upload_seconds(layouts["unsorted"], device) * 1e6
+    figures["indices_new_slots_bytes_per_step"] = 4 * TREE_NODES * len(live)
     figures["metadata_bytes_ratio_defragmented"] = (figures["metadata_indices_bytes"]
                                                     / figures["metadata_runs_bytes_defragmented"])
     return check_metric(spec, figures, ctx, details={
         "request_tokens": len(layouts["unsorted"][0]), "stores": n_stores, "batch": len(live),
         "fallback": None if device.type == "cuda" else
-        "CPU: host memory to host memory, not pinned; the honest figure needs the GPU (D2H over PCIe)"})
+        "CPU: host memory to host memory, not pinned; the honest figure needs the GPU (D2H over PCIe); "
+        "the main stream's slowdown under a concurrent copy is not measured on a CPU",
+        "pd_handoff": "SGLang's PD transfer: (src, dst) slot pairs grouped where both are contiguous "
+                      "(sglang/srt/disaggregation/common/utils.py group_concurrent_contiguous), one transfer "
+                      "per group per layer (mooncake/conn.py); destination a contiguous pinned host buffer",
+        "gated_figure": "handoff_speedup: the round trip, best of a gather and per-run copies on each side"})
+
+
+def _interference(pool, layouts, runs, live, device, seed) -> dict[str, float]:
+    """The main stream's slowdown while one request's KV (every store) is copied out on a side
+    stream: the phase-1 kernel on the B=8 requests (one layer) against each copy method."""
+    import torch  # noqa: PLC0415
+
+    from kdtree.engine.defrag_measure import gather_out, main_stream_slowdown, runs_out  # noqa: PLC0415
+    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
+    from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(TREE_NODES * len(live), KERNEL_HEADS, 576, generator=gen).to(torch.bfloat16).to(device)
+    masks = pack_tree_masks([[-1] + list(range(TREE_NODES - 1))] * len(live)).to(device)
+    case = _verify_inputs(pool[0], [runs["tier0+1"].pool.requests.runs(k) for k in live], q, masks, device)
+    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=device)
+
+    def kernel() -> None:
+        _call(tree_verify_mla, case, out=out)
+
+    figures = {}
+    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
+        for method, make in (("gather", gather_out), ("runs", runs_out)):
+            r = main_stream_slowdown(kernel, make(pool, layouts[m][0]), device)
+            figures[f"main_stream_slowdown_{method}_{name}"] = r["slowdown"]
+            figures[f"copy_out_ms_{method}_{name}_alone"] = r["copy_ms_alone"]
+    figures["main_kernel_ms"] = r["main_ms_alone"] / r["main_calls"]
+    return figures
