@@ -137,8 +137,8 @@ class SortedRunAllocator(SlotAllocator):
     largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
     the free slots directly after `last` (growing the caller's last run), then falls back to
     ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call, every
-    request's growth before any fall-back. Frees merge
-    with their neighbours, so a freed request's run comes back whole.
+    request's growth before any fall-back. Frees merge with their neighbours, so a freed
+    request's run comes back whole.
     """
 
     def __init__(self, num_slots: int):
@@ -166,10 +166,7 @@ class SortedRunAllocator(SlotAllocator):
 
     def alloc_after(self, last: int, n: int) -> list[int]:
         """n slots, as many as are free directly after slot `last` first (-1: no last slot)."""
-        self._check_count(n, "alloc_after")
-        out: list[int] = []
-        self._grow(out, last, n)
-        return out
+        return self.alloc_after_batch([last], [n])[0]
 
     def alloc_after_batch(self, lasts: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
         """`alloc_after(lasts[b], sizes[b])` for every b (one step's requests), all or nothing: first
@@ -216,15 +213,6 @@ class SortedRunAllocator(SlotAllocator):
     def free_slots(self) -> list[int]:
         """Every free slot id, ascending."""
         return [s for start, length in self._runs.runs() for s in range(start, start + length)]
-
-    def _grow(self, out: list[int], last: int, n: int) -> None:
-        if last >= 0:
-            got = self._runs.take_head(last + 1, n)
-            if got:
-                self._mark_taken(last + 1, got, out)
-                n -= got
-        if n:
-            self._fill(out, n)
 
     def _fill(self, out: list[int], n: int) -> None:
         while n:

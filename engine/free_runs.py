@@ -197,8 +197,7 @@ class FreeRuns:
 
     def add_slots(self, slots: list[int]) -> None:
         """Free a list of slot ids (any order; they are grouped into runs first)."""
-        for start, length in runs_of_sorted(sorted(slots)):
-            self.add_range(start, length)
+        self.add_runs(runs_of_sorted(sorted(slots)))
 
     # -- internals ------------------------------------------------------------------------------
     def _set_run(self, start: int, end: int) -> None:
