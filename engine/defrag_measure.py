@@ -133,12 +133,14 @@ def gather_staging_bytes(tokens: int, row_bytes: int, layers: int) -> dict[str, 
 
 
 def main_stream_slowdown(main_fn: Callable[[], None], copy_fn: Callable[[], None], device: torch.device,
-                         repeats: int = 5) -> dict[str, float]:
+                         lead_cycles: Callable[[float], int], repeats: int = 5) -> dict[str, float]:
     """How much a copy on a side stream slows kernels on the main stream (CUDA only).
 
     The main stream runs `main_fn` back to back for about as long as one `copy_fn` takes; timed
-    by CUDA events on the main stream alone, then with `copy_fn` enqueued on a side stream at the
-    same moment. Returns the medians (ms) and their ratio (``slowdown``, 1.0 = no interference).
+    by CUDA events on the main stream alone, then with `copy_fn` enqueued on a side stream that
+    starts with it. Both are enqueued behind a GPU busy-wait longer than their host enqueue time
+    (`lead_cycles(seconds)` sizes it), so the span measures GPU time, not the host launching the
+    copies. Returns the medians (ms) and their ratio (``slowdown``, 1.0 = no interference).
     """
     if device.type != "cuda":
         raise ValueError("main_stream_slowdown needs a CUDA device (streams and events)")
@@ -147,10 +149,19 @@ def main_stream_slowdown(main_fn: Callable[[], None], copy_fn: Callable[[], None
     copy_s = median_seconds(copy_fn, device, 3)
     one = median_seconds(main_fn, device, 5)
     count = max(4, int(copy_s / max(one, 1e-6)) + 2)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    copy_fn()
+    for _ in range(count):
+        main_fn()
+    enqueue_s = time.perf_counter() - t0  # host time to enqueue one timed span (an upper bound)
+    torch.cuda.synchronize(device)
+    cycles = lead_cycles(2 * enqueue_s + 1e-3)
 
     def timed(with_copy: bool) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)
+        torch.cuda._sleep(cycles)  # the GPU waits while the host enqueues what follows
         start.record(main)
         if with_copy:
             side.wait_event(start)

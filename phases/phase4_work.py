@@ -504,6 +504,7 @@ def _interference(pool, layouts, runs, live, device, seed) -> dict[str, float]:
     import torch  # noqa: PLC0415
 
     from kdtree.engine.defrag_measure import gather_out, main_stream_slowdown, runs_out  # noqa: PLC0415
+    from kdtree.gates.timing import gpu_cycles_per_s, sleep_cycles  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
@@ -519,7 +520,8 @@ def _interference(pool, layouts, runs, live, device, seed) -> dict[str, float]:
     figures = {}
     for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
         for method, make in (("gather", gather_out), ("runs", runs_out)):
-            r = main_stream_slowdown(kernel, make(pool, layouts[m][0]), device)
+            r = main_stream_slowdown(kernel, make(pool, layouts[m][0]), device,
+                                     lambda s: sleep_cycles(s, gpu_cycles_per_s(device)))
             figures[f"main_stream_slowdown_{method}_{name}"] = r["slowdown"]
             figures[f"copy_out_ms_{method}_{name}_alone"] = r["copy_ms_alone"]
     figures["main_kernel_ms"] = r["main_ms_alone"] / r["main_calls"]
