@@ -11,7 +11,7 @@ req_to_token map. SGLang's page_size=1 scheme, the baseline, is `kdtree.engine.s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -59,13 +59,17 @@ class SlotAllocator(ABC):
         """Allocated slots in [start, stop)."""
         return self._in_use.count(1, max(0, start), min(stop, self.num_slots))
 
-    def alloc(self, n: int) -> torch.Tensor:
-        """n slot ids as int32 [n], all or nothing (PoolExhaustedError when fewer are free)."""
+    def _check_count(self, n: int, verb: str) -> None:
+        """ValueError for a negative n, PoolExhaustedError when fewer than n slots are free."""
         if n < 0:
-            raise ValueError(f"alloc: n must be >= 0, got {n}")
+            raise ValueError(f"{verb}: n must be >= 0, got {n}")
         if n > self.num_free:
             raise PoolExhaustedError(f"KV pool exhausted: asked for {n} slots, {self.num_free} of "
                                      f"{self.num_slots} are free")
+
+    def alloc(self, n: int) -> torch.Tensor:
+        """n slot ids as int32 [n], all or nothing (PoolExhaustedError when fewer are free)."""
+        self._check_count(n, "alloc")
         slots = self._take(n)
         for s in slots:
             self._in_use[s] = 1
@@ -127,12 +131,14 @@ class FreeListAllocator(SlotAllocator):
 
 
 class SortedRunAllocator(SlotAllocator):
-    """Tier 0: free slots as sorted merged runs (`kdtree.engine.free_runs.FreeRuns`).
+    """Tier 0: free slots as merged runs (`kdtree.engine.free_runs.FreeRuns`, O(1) per update).
 
     ``alloc(n)`` takes the lowest run of at least n slots; when no run is that long it takes the
     largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
     the free slots directly after `last` (growing the caller's last run), then falls back to
-    ``alloc``. Frees merge with their neighbours, so a freed request's run comes back whole.
+    ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call, every
+    request's growth before any fall-back. Frees merge with their neighbours, so a freed
+    request's run comes back whole.
     """
 
     def __init__(self, num_slots: int):
@@ -153,62 +159,76 @@ class SortedRunAllocator(SlotAllocator):
 
     def alloc_list(self, n: int) -> list[int]:
         """alloc(n) as a Python list (the engine's bookkeeping is host lists)."""
-        if n < 0:
-            raise ValueError(f"alloc: n must be >= 0, got {n}")
-        if n > self.num_free:
-            raise PoolExhaustedError(f"KV pool exhausted: asked for {n} slots, {self.num_free} of "
-                                     f"{self.num_slots} are free")
+        self._check_count(n, "alloc")
         out: list[int] = []
-        while len(out) < n:
-            want = n - len(out)
-            start = self._runs.first_fit(want)
-            length = want
-            if start is None:  # no run is long enough: the largest one, whole
-                start, length = max(self._runs.runs(), key=lambda r: (r[1], -r[0]))
-            self._take_range(start, length, out)
+        self._fill(out, n)
         return out
 
     def alloc_after(self, last: int, n: int) -> list[int]:
         """n slots, as many as are free directly after slot `last` first (-1: no last slot)."""
-        if n < 0:
-            raise ValueError(f"alloc_after: n must be >= 0, got {n}")
-        if n > self.num_free:
-            raise PoolExhaustedError(f"KV pool exhausted: asked for {n} slots, {self.num_free} of "
-                                     f"{self.num_slots} are free")
-        out: list[int] = []
-        if last >= 0:
-            grow = min(n, self._runs.run_at(last + 1))
-            if grow:
-                self._take_range(last + 1, grow, out)
-        if len(out) < n:
-            out.extend(self.alloc_list(n - len(out)))
-        return out
+        return self.alloc_after_batch([last], [n])[0]
+
+    def alloc_after_batch(self, lasts: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+        """`alloc_after(lasts[b], sizes[b])` for every b (one step's requests), all or nothing: first
+        every request grows after its last slot, then the ones still short fall back, in order."""
+        if len(lasts) != len(sizes):
+            raise ValueError(f"alloc_after_batch: {len(lasts)} last slots but {len(sizes)} sizes")
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"alloc_after_batch: sizes must be >= 0, got {list(sizes)}")
+        self._check_count(sum(sizes), "alloc_after_batch")
+        outs: list[list[int]] = []
+        short = []
+        for b, (last, n) in enumerate(zip(lasts, sizes)):  # every request grows in place first ...
+            out: list[int] = []
+            got = self._runs.take_head(last + 1, n) if last >= 0 and n else 0
+            if got:
+                self._mark_taken(last + 1, got, out)
+            if got < n:
+                short.append((b, n - got))
+            outs.append(out)
+        for b, n in short:  # ... so that no request's fill takes the slots another one grows into
+            self._fill(outs[b], n)
+        return outs
 
     def free(self, slots) -> None:
-        ids = slots.tolist() if isinstance(slots, torch.Tensor) else [int(s) for s in slots]
-        if not ids:
+        ordered = sorted(slots.tolist() if isinstance(slots, torch.Tensor) else slots)
+        if not ordered:
             return
-        ordered = sorted(ids)
         if ordered[0] < 0 or ordered[-1] >= self.num_slots:
             bad = ordered[0] if ordered[0] < 0 else ordered[-1]
             raise ValueError(f"free: slot {bad} is not in this pool (0..{self.num_slots - 1})")
-        if any(a == b for a, b in zip(ordered, ordered[1:])):
-            raise ValueError(f"free: slot ids repeat in one call: {ids[:16]}")
         runs = runs_of_sorted(ordered)
+        in_use = self._in_use
+        prev_end = -1
         for start, length in runs:
-            if self._in_use.count(0, start, start + length):
-                first = next(s for s in range(start, start + length) if not self._in_use[s])
-                raise ValueError(f"free: slot {first} is not allocated (double free?)")
+            if start < prev_end:
+                raise ValueError(f"free: slot ids repeat in one call: slot {start}")
+            prev_end = start + length
+            if in_use.find(0, start, prev_end) != -1:
+                raise ValueError(f"free: slot {in_use.find(0, start, prev_end)} is not allocated (double free?)")
         for start, length in runs:
-            self._in_use[start:start + length] = bytes(length)
-            self._runs.add_range(start, length)
+            in_use[start:start + length] = bytes(length)
+        self._runs.add_runs(runs)
 
     def free_slots(self) -> list[int]:
         """Every free slot id, ascending."""
         return [s for start, length in self._runs.runs() for s in range(start, start + length)]
 
+    def _fill(self, out: list[int], n: int) -> None:
+        while n:
+            start = self._runs.first_fit(n)
+            length = n
+            if start is None:  # no run is long enough: the largest one, whole
+                start, length = self._runs.largest_run()
+            self._take_range(start, length, out)
+            n -= length
+
     def _take_range(self, start: int, length: int, out: list[int]) -> None:
-        self._runs.remove_range(start, length)
+        """Take [start, start+length) from the head of the free run starting at `start`."""
+        self._runs.take_head(start, length)
+        self._mark_taken(start, length, out)
+
+    def _mark_taken(self, start: int, length: int, out: list[int]) -> None:
         self._in_use[start:start + length] = b"\x01" * length
         out.extend(range(start, start + length))
 

@@ -66,7 +66,8 @@ class ChurnConfig:
 class ChurnStats:
     mode: str
     steps: int = 0
-    alloc_seconds: list[float] = field(default_factory=list)  # host time of allocator calls, per step
+    alloc_seconds: list[float] = field(default_factory=list)  # allocator calls + req_to_token bookkeeping, per step
+    allocator_seconds: list[float] = field(default_factory=list)  # allocator calls alone (alloc, free), per step
     relocation_seconds: list[float] = field(default_factory=list)  # host time of relocation rounds
     rounds: list[RelocationRound] = field(default_factory=list)
     step_kv_bytes: list[int] = field(default_factory=list)  # KV bytes each step's attention reads
@@ -115,6 +116,7 @@ class ChurnRun:
         self._next_rid = 0
         self._arrivals = random.Random(seed)
         self._write_gen = torch.Generator().manual_seed(seed ^ 0x5EED)
+        self._t_allocator = self._t_maps = 0.0  # this step's allocator calls, map bookkeeping
 
     # -- the workload ---------------------------------------------------------------------------
     def run(self) -> ChurnStats:
@@ -126,15 +128,16 @@ class ChurnRun:
         """One decode step of every live request (arrivals first, finished requests after);
         then, in tier0+1 and unless relocate=False, a relocation round (see `relocate`)."""
         cfg, pool = self.cfg, self.pool
-        t_alloc = 0.0
-        t_alloc += self._admit()
+        self._t_allocator = self._t_maps = 0.0
+        self._admit()
         live = pool.requests.keys()
         if live:
             self.stats.step_kv_bytes.append(
                 sum(pool.seq_len(r) + cfg.tree_size for r in live) * pool.bytes_per_slot)
-            t_alloc += self._decode(live)
-        t_alloc += self._finish()
-        self.stats.alloc_seconds.append(t_alloc)
+            self._decode(live)
+        self._finish()
+        self.stats.allocator_seconds.append(self._t_allocator)
+        self.stats.alloc_seconds.append(self._t_allocator + self._t_maps)
         self.stats.steps += 1
         trace = getattr(pool.allocator, "trace", None)
         if trace is not None:
@@ -142,9 +145,8 @@ class ChurnRun:
         if relocate:
             self.relocate()
 
-    def _admit(self) -> float:
+    def _admit(self) -> None:
         cfg, pool = self.cfg, self.pool
-        spent = 0.0
         while len(pool.requests) < cfg.live_requests:
             rid = self._next_rid
             if rid not in self._rngs:
@@ -158,30 +160,29 @@ class ChurnRun:
                     break
                 t0 = time.perf_counter()
                 freed = self._evict(need)
-                spent += time.perf_counter() - t0
+                self._t_allocator += time.perf_counter() - t0
                 if not freed:
                     break
                 continue
             self._next_rid += 1
             t0 = time.perf_counter()
             pool.add_request(rid)
+            t1 = time.perf_counter()
             slots = pool.alloc_for(rid, self._prompt[rid])
+            t2 = time.perf_counter()
             pool.append(rid, slots)
-            spent += time.perf_counter() - t0
+            t3 = time.perf_counter()
+            self._t_allocator += t2 - t1
+            self._t_maps += (t1 - t0) + (t3 - t2)
             self._made[rid] = 0
             self._write((0, rid), slots)
-        return spent
 
-    def _decode(self, live: list[int]) -> float:
+    def _decode(self, live: list[int]) -> None:
         cfg, pool = self.cfg, self.pool
         T = cfg.tree_size
         t0 = time.perf_counter()
-        if self.mode.startswith("tier0"):
-            trees = [pool.alloc_for(r, T) for r in live]
-        else:  # SGLang: one alloc for the whole batch, split per request
-            block = pool.alloc(T * len(live)).tolist()
-            trees = [block[b * T:(b + 1) * T] for b in range(len(live))]
-        spent = time.perf_counter() - t0
+        trees = pool.alloc_trees(live, [T] * len(live))  # tier0: grown per request; else one alloc, split
+        self._t_allocator += time.perf_counter() - t0
         written = {r: self._rows(len(s)) for r, s in zip(live, trees)}  # the model writes every node
         if self._materialised:
             for r, s in zip(live, trees):
@@ -196,18 +197,19 @@ class ChurnRun:
             pool.append(r, [slots[n] for n in path])
             rejected.extend(s for n, s in enumerate(slots) if n not in keep)
             kept_rows[r] = path
+        t1 = time.perf_counter()
         pool.free(rejected)
-        spent += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self._t_maps += t1 - t0
+        self._t_allocator += t2 - t1
         if self._materialised:
             for r in live:
                 self._shadow[(0, r)].append(torch.cat(written[r], dim=1)[kept_rows[r]])
         for r in live:
             self._made[r] += len(paths[r])
-        return spent
 
-    def _finish(self) -> float:
+    def _finish(self) -> None:
         pool = self.pool
-        spent = 0.0
         for r in pool.requests.keys():
             if self._made[r] < self._target[r]:
                 continue
@@ -216,14 +218,14 @@ class ChurnRun:
             t0 = time.perf_counter()
             if donate:
                 node = self.cache.insert(r, [r] * pool.seq_len(r))  # token ids do not matter here
+                self._t_maps += time.perf_counter() - t0
                 self._shadow[(1, node)] = self._shadow.pop((0, r))
             else:
                 pool.release(r)
+                self._t_allocator += time.perf_counter() - t0
                 self._shadow.pop((0, r), None)
-            spent += time.perf_counter() - t0
             del self._made[r]
             self.stats.finished += 1
-        return spent
 
     def _evict(self, need: int) -> int:
         before = set(self.cache.nodes.keys())

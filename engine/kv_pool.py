@@ -116,6 +116,31 @@ class KVPool:
             return self.allocator.alloc(n).tolist()
         return alloc_after(row[-1] if row else -1, n)
 
+    def alloc_trees(self, rids, sizes) -> list[list[int]]:
+        """sizes[b] slots for request rids[b]'s next tokens (one step's draft trees), all or nothing.
+
+        With a growing allocator (Tier 0's ``alloc_after_batch``) each request's slots extend its
+        last run where the slots after it are free; otherwise one allocation for the whole batch
+        is split in request order (SGLang's page_size=1 order).
+        """
+        sizes = list(sizes)
+        if len(sizes) != len(rids):
+            raise ValueError(f"alloc_trees: {len(rids)} requests but {len(sizes)} sizes")
+        batch = getattr(self.allocator, "alloc_after_batch", None)
+        if batch is not None:
+            rows = self.requests._slots
+            try:
+                lasts = [rows[r][-1] if rows[r] else -1 for r in rids]
+            except KeyError as exc:
+                raise ValueError(f"request {exc.args[0]} is not in the pool") from None
+            return batch(lasts, sizes)
+        block = self.allocator.alloc(sum(sizes)).tolist()
+        out, at = [], 0
+        for n in sizes:
+            out.append(block[at:at + n])
+            at += n
+        return out
+
     def free(self, slots) -> None:
         self.allocator.free(slots)
 

@@ -103,13 +103,19 @@ def runs_of(slots: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def expand_runs(run_starts: torch.Tensor, run_lens: torch.Tensor, total: Optional[int] = None) -> torch.Tensor:
-    """int32 kv_indices [sum(run_lens)] from runs, on their device; `total` avoids a host sync."""
+    """int32 kv_indices [sum(run_lens)] from runs, on their device; `total` avoids a host sync.
+
+    Parallel over tokens, whatever the runs' lengths: each token finds its run by a binary search
+    over the runs' end positions (a repeat_interleave is parallel over runs, so a few long runs
+    — a defragmented batch — would expand slower than many short ones).
+    """
     lens = run_lens.long()
     if total is None:
         total = int(lens.sum())
-    first_pos = torch.cumsum(lens, 0) - lens  # token position of each run's first token
-    offset = torch.repeat_interleave(run_starts.long() - first_pos, lens, output_size=total)
-    return (offset + torch.arange(total, device=run_starts.device)).to(torch.int32)
+    ends = torch.cumsum(lens, 0)  # token position one past each run
+    pos = torch.arange(total, device=run_starts.device)
+    run = torch.searchsorted(ends, pos, right=True)
+    return (run_starts.long()[run] + pos - (ends - lens)[run]).to(torch.int32)
 
 
 def indices_metadata_bytes(num_tokens: int, batch: int) -> int:

@@ -137,9 +137,10 @@ class Runner:
             if tree.root != r.pending:
                 raise ValueError(f"request {r.rid}: tree root {tree.root} is not the pending token {r.pending}")
         sizes = [len(t) for t in trees]
-        slots = self.pool.alloc(sum(sizes)).tolist()
+        # Each request's tree slots, grown after its last slot where the allocator can (Tier 0).
+        tree_slots = self.pool.alloc_trees([r.rid for r in requests], sizes)
+        slots = [s for own in tree_slots for s in own]
         starts = [sum(sizes[:b]) for b in range(len(trees))]
-        tree_slots = [slots[s: s + n] for s, n in zip(starts, sizes)]
         try:
             greedy = self.verify_logits(requests, trees, tree_slots).argmax(-1).tolist()
         except BaseException:

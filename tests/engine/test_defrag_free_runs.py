@@ -171,3 +171,64 @@ def test_runs_of_sorted_covers_exactly_the_slots(slots):
     runs = runs_of_sorted(sorted(slots))
     assert [s for a, n in runs for s in range(a, a + n)] == sorted(slots)
     assert all(a + n < b for (a, n), (b, _) in zip(runs, runs[1:]))
+
+
+def test_first_fit_stays_the_lowest_fit_over_long_churn_with_heap_rebuilds():
+    """Thousands of takes and frees (so stale heap entries pile up and the heaps are rebuilt):
+    first_fit, run_at and largest_run keep agreeing with a plain set of free slots."""
+    import random
+
+    rng = random.Random(7)
+    size = 400
+    runs, free = FreeRuns(size), set(range(size))
+    rebuilds = 0
+    real_rebuild = runs._rebuild_heaps
+
+    def counted():
+        nonlocal rebuilds
+        rebuilds += 1
+        real_rebuild()
+
+    runs._rebuild_heaps = counted
+    for _ in range(4000):
+        if free and (rng.random() < 0.5 or len(free) == size):
+            start, length = rng.choice(runs_of_sorted(sorted(free)))
+            n = rng.randint(1, length)
+            assert runs.take_head(start, n) == n
+            free -= set(range(start, start + n))
+        else:
+            used = runs_of_sorted(sorted(set(range(size)) - free))
+            start, length = rng.choice(used)
+            a = rng.randint(start, start + length - 1)
+            b = rng.randint(a + 1, start + length)
+            runs.add_range(a, b - a)
+            free |= set(range(a, b))
+        n = rng.randint(1, 40)
+        assert runs.first_fit(n) == _brute_first_fit(free, n)
+        want = max(runs_of_sorted(sorted(free)), key=lambda r: (r[1], -r[0]), default=(-1, 0))
+        assert runs.largest_run() == want
+    assert rebuilds > 0  # the lazy-deletion path was exercised
+    assert list(runs.runs()) == runs_of_sorted(sorted(free))
+
+
+def test_take_head_takes_from_a_run_start_only():
+    runs = FreeRuns(10)
+    assert runs.take_head(3, 2) == 0  # no run starts at 3: nothing taken
+    assert runs.take_head(0, 4) == 4 and list(runs.runs()) == [(4, 6)]
+    assert runs.take_head(4, 100) == 6 and list(runs.runs()) == [] and runs.num_free == 0
+
+
+def test_alloc_after_batch_grows_every_request_before_any_falls_back():
+    a = SortedRunAllocator(64)
+    first = a.alloc_list(4)  # 0..3
+    a.alloc_list(4)  # 4..7: blocks the first request's growth
+    second = a.alloc_list(2)  # 8, 9: free after it
+    got = a.alloc_after_batch([first[-1], second[-1]], [3, 3])
+    assert got[1] == [10, 11, 12]  # the second grows in place although the first asked before it
+    assert got[0] == [13, 14, 15]  # the first, blocked, gets the lowest run that fits after that
+    assert a.alloc_after_batch([got[1][-1], -1], [2, 1]) == [[16, 17], [18]]
+    with pytest.raises(PoolExhaustedError):
+        a.alloc_after_batch([first[-1], second[-1]], [30, 30])
+    assert a.num_free == 64 - 19  # all or nothing
+    with pytest.raises(ValueError, match="sizes"):
+        a.alloc_after_batch([first[-1]], [1, 2])

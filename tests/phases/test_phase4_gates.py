@@ -11,6 +11,7 @@ from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.phases import phase4_defrag, phase4_work
 
 SMALL_SCALE = dict(num_slots=1 << 14, live_requests=12, steps=30, prompt_len=(64, 512), new_tokens=(16, 192))
+SMALL_ALLOC_COST = dict(num_slots=1 << 15, live_requests=8, steps=20, prompt_len=(2048, 2048), new_tokens=(16, 128))
 SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16, 192), new_tokens=(8, 64))
 
 
@@ -18,6 +19,7 @@ SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16
 def small_sizes(monkeypatch):
     monkeypatch.setitem(phase4_work.SCALE, "quick", SMALL_SCALE)
     monkeypatch.setitem(phase4_work.INTEGRITY, "quick", SMALL_INTEGRITY)
+    monkeypatch.setitem(phase4_work.ALLOC_COST, "quick", SMALL_ALLOC_COST)
 
 
 def _ctx():
@@ -118,6 +120,12 @@ def test_contiguity_records_every_mode_and_the_sglang_model_cost():
         assert _figure(r, f"runs_per_request_{name}") >= 1
     assert _figure(r, "runs_per_request_tier01") < _figure(r, "runs_per_request_unsorted")
     assert _figure(r, "alloc_us_per_step_sglang_model") > 0
+    for name in ("unsorted", "tier01", "sglang_model"):  # the target's B=8 allocator cost, by scheme
+        assert _figure(r, f"allocator_us_per_step_b8_{name}") > 0
+    floor = _figure(r, "verify_step_ms_hbm_floor")
+    assert 0.9 < floor < 1.0  # dsv3-tp8, B=8, L=32k: 4.0 GB / 4.3 TB/s
+    assert _figure(r, "alloc_cost_fraction_of_hbm_floor") == pytest.approx(
+        _figure(r, "allocator_us_per_step_b8_tier01") / 1e3 / floor)
 
 
 @pytest.mark.slow
@@ -139,6 +147,42 @@ def test_benefit_records_the_cpu_fallback_and_every_figure():
     assert _figure(r, "measured_on_gpu") == 0 and "CPU" in r.details["fallback"]
     assert _figure(r, "metadata_runs_bytes_defragmented") < _figure(r, "metadata_indices_bytes")
     assert _figure(r, "runs_per_request_defragmented") < _figure(r, "runs_per_request_fragmented")
+    # (a) SGLang's PD hand-off: one transfer per run per layer, so defrag cuts the transfers
+    assert _figure(r, "pd_transfers_per_layer_defragmented") < _figure(r, "pd_transfers_per_layer_fragmented")
+    assert _figure(r, "pd_handoff_speedup") > 0 and "group_concurrent_contiguous" in r.details["pd_handoff"]
+    # (b) the gather's staging: one request's rows, per layer and for 61 layers
+    tokens = r.details["request_tokens"]
+    assert _figure(r, "gather_staging_MB_per_layer") == pytest.approx(tokens * 1152 / 1e6)
+    assert _figure(r, "gather_staging_GB_61_layers") == pytest.approx(61 * tokens * 1152 / 1e9)
+    assert _figure(r, "interference_measured") == 0 and "not measured" in r.details["fallback"]
+    assert _figure(r, "indices_upload_us") > 0
+
+
+def test_pairwise_runs_break_where_either_side_breaks():
+    from kdtree.engine.defrag_measure import pairwise_runs
+
+    assert pairwise_runs([5, 6, 7, 9, 10], [0, 1, 2, 3, 4]) == [(5, 0, 3), (9, 3, 2)]
+    assert pairwise_runs([5, 6, 7], [0, 2, 3]) == [(5, 0, 1), (6, 2, 2)]  # the destination breaks
+    assert pairwise_runs([], []) == []
+    with pytest.raises(ValueError, match="destinations"):
+        pairwise_runs([1, 2], [0])
+
+
+@pytest.mark.gpu
+def test_benefit_on_the_gpu_measures_interference():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    lc = dict(num_slots=1 << 17, live_requests=8, prompt_len=(4096, 4096), new_tokens=(64, 256), steps=30)
+    r = run_check(phase4_defrag.SPEC.gate("benefit"),
+                  lambda s, c: phase4_work.check_benefit(s, c, long_context=lc, repeats=3),
+                  GateContext(device="cuda"))
+    assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
+    assert _figure(r, "interference_measured") == 1
+    for method in ("gather", "runs"):
+        for name in ("fragmented", "defragmented"):
+            assert _figure(r, f"main_stream_slowdown_{method}_{name}") > 0.5
 
 
 def test_no_slowdown_skips_on_cpu_with_the_reason():
