@@ -44,7 +44,7 @@ PY
 cat "$OUT/sglang-imports.txt" | tee -a "$LOG"
 
 # where an eager verify step spends its time (host vs GPU), per backend, before the run
-timeout 120 python3 -m kdtree.tools.step_profile --context 4096 --context 32768 --json "$OUT/step_profile.json" 2>&1 \
+[ "${PHASE2_PROFILE:-1}" = 1 ] && timeout 120 python3 -m kdtree.tools.step_profile --context 4096 --context 32768 --json "$OUT/step_profile.json" 2>&1 \
   | grep -v Warning | tee -a "$LOG"
 
 # the run first, so its record comes back whatever the tests do

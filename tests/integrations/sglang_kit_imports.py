@@ -37,7 +37,8 @@ def _stub_getattr(self, name: str):
 
 def _stub_class(name: str) -> type:
     return _StubMeta(name, (), {"__init__": _stub_init, "__call__": lambda self, *a, **k: None,
-                                "__getattr__": _stub_getattr})
+                                "__getattr__": _stub_getattr,
+                                "__init_subclass__": classmethod(lambda cls, **kwargs: None)})
 
 
 class _StubModule(types.ModuleType):

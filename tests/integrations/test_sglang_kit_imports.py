@@ -11,7 +11,7 @@ def test_missing_dependencies_are_stubbed_and_named(tmp_path, monkeypatch):
     (tmp_path / "kitmod_a.py").write_text(
         "import kit_absent_net\nfrom kit_absent_q.sub import Scheme\n"
         "class Sock(kit_absent_net.Socket):\n    pass\nkit_absent_net.logger.enable('x')\n"
-        "Scheme().anything(1)\nVALUE = 7\n")
+        "Scheme().anything(1)\nclass Typed(Scheme, total=False):\n    pass\nVALUE = 7\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     (mod,), stubbed = import_with_stubs(["kitmod_a"])
     assert mod.VALUE == 7
