@@ -57,18 +57,20 @@ class MLAModel(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
                 kv_caches: list[torch.Tensor], backend, meta, num_layers: Optional[int] = None,
-                logit_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                logit_rows: Optional[torch.Tensor] = None, check_positions: bool = True) -> torch.Tensor:
         """Logits fp32 [N, vocab] for N tokens of a batch laid out as `meta` describes.
 
         input_ids, positions, out_slots: [N]; kv_caches: one [S, 576] tensor per layer (the pool).
         num_layers < config.num_layers runs only the first layers, then the final norm and head
         (the self-draft model). logit_rows (long [n]): compute the logits of these rows only
-        ([n, vocab]; prefill needs one row per request, not [N, vocab] fp32).
+        ([n, vocab]; prefill needs one row per request, not [N, vocab] fp32). check_positions=False
+        skips the bound check on positions, which reads them on the host (a CUDA-graph capture
+        checks them on the host before copying them in).
         """
         depth = self.config.num_layers if num_layers is None else num_layers
         if not 1 <= depth <= self.config.num_layers:
             raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {depth}")
-        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
+        if check_positions and positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(f"position {int(positions.max())} exceeds max_position_embeddings "
                              f"= {self.config.max_position_embeddings}")
         positions = positions.long()
