@@ -282,7 +282,11 @@ class VerifyGraphs:
 
     def verify_logits(self, runner: "Runner", requests: Sequence["Request"], trees: Sequence["TokenTree"],
                       tree_slots: Sequence[Sequence[int]]) -> Optional[torch.Tensor]:
-        """Logits [sum T_b, vocab] of the step from its bucket's graph, or None (run it eagerly)."""
+        """Logits [sum T_b, vocab] of the step from its bucket's graph, or None (run it eagerly).
+
+        The logits are a view of the graph's static output: valid until the next replay (the
+        runner reads them at once). Nothing here allocates device memory once the bucket is captured.
+        """
         prefixes = [runner.prefix(r.rid) for r in requests]
         lens = [int(p.numel()) for p in prefixes]
         bucket = self.bucket(lens, trees)
@@ -299,4 +303,4 @@ class VerifyGraphs:
                 captured.kv_indices[start: start + length].copy_(prefix)
         captured.graph.replay()
         self.replays += 1
-        return captured.logits[: sum(len(t) for t in trees)].clone()
+        return captured.logits[: sum(len(t) for t in trees)]
