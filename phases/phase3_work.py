@@ -95,9 +95,10 @@ def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Seq
     packed = pack_tree_masks(parents)
     mask[: packed.shape[0]] = 0
     mask[: packed.shape[0], : packed.shape[1]] = packed
+    values = torch.Generator(device=device).manual_seed(seed)  # q and KV drawn where they live
     return {
-        "q": torch.randn(bucket.rows, heads, 576, generator=gen).to(torch.bfloat16).to(device),
-        "kv_cache": torch.randn(slots, 576, generator=gen).to(torch.bfloat16).to(device),
+        "q": torch.randn(bucket.rows, heads, 576, generator=values, device=device).to(torch.bfloat16),
+        "kv_cache": torch.randn(slots, 576, generator=values, device=device).to(torch.bfloat16),
         "qo_indptr": torch.tensor(qo, dtype=torch.int32, device=device),
         "kv_indptr": torch.tensor(kv, dtype=torch.int32, device=device),
         "kv_indices": kv_indices.to(device),
@@ -347,7 +348,8 @@ def oracle_check(buckets, candidate, ctx: GateContext, draws: int = 2) -> tuple[
 
 def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_backend=None,
                         launch_buckets=LAUNCH_BUCKETS, step_buckets=STEP_BUCKETS[:1], step_preset: str = "tiny",
-                        with_converter: Optional[bool] = None, engine_steps: int = 6) -> GateResult:
+                        with_converter: Optional[bool] = None, engine_steps: int = 6,
+                        graphs_factory=None) -> GateResult:
     """No host sync in any capture (under sync debug mode "error"), no allocation in the launch
     and converter captures, none in any replay, none in the engine's graph steps; the graph
     buffers next to SGLang's verify mask at 128k."""
@@ -365,7 +367,8 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
     got = {f.name: f.value for f in safety.figures}
     figures = {name: got[name] for name in ("host_syncs_in_capture", "allocations_in_capture", "allocations_in_replay",
                                             "capture_failures", "pool_allocations_in_capture") if got.get(name) is not None}
-    step_allocs, graph_rows = engine_step_allocations(_model(step_preset, ctx.device), engine_steps)
+    step_allocs, graph_rows = engine_step_allocations(_model(step_preset, ctx.device), engine_steps,
+                                                      graphs_factory=graphs_factory)
     figures["allocations_in_replay"] = figures.get("allocations_in_replay", 0) + step_allocs
     figures["engine_graph_steps"] = graph_rows["replays"]
     buffers = buffer_comparison()

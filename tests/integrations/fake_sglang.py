@@ -85,12 +85,14 @@ class TritonAttnBackend:
     def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None):
         self.calls.append(("init_cuda_graph_state", max_bs, max_num_tokens))
         n = self.target_verify_num_tokens_per_req
+        dev = self.token_to_kv_pool.kv_buffer[0].device
         self.graph_state = SimpleNamespace(
-            qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int32), kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
-            kv_indices=torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.int64)
+            qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.int64, device=dev)
             if kv_indices_buf is None else kv_indices_buf,
-            mask=torch.zeros(max_bs * n * (self.max_context_len + n), dtype=torch.uint8),
-            mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64))
+            mask=torch.zeros(max_bs * n * (self.max_context_len + n), dtype=torch.uint8, device=dev),
+            mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64, device=dev))
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         self.calls.append(("init_forward_metadata_out_graph", forward_batch, in_capture))
