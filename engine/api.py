@@ -143,7 +143,7 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
              backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
              max_new_tokens: int = 32, seed: int = 0, pool_slots: Optional[int] = None,
              on_step: Optional[Callable[[int], None]] = None, prefill_chunk: int = 8192,
-             cuda_graph: Optional[bool] = None) -> GenerationResult:
+             cuda_graph: Optional[bool] = False) -> GenerationResult:
     """Greedy generation for a batch of prompts, plain (drafter='none') or tree-speculative.
 
     model: a built `MLAModel` (its device and dtype win); else one is built from `config`
@@ -153,9 +153,9 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
     on_step(n): called after prefill and each step with the number of new tokens kept.
     prefill_chunk: prompt tokens per request per prefill forward (bounds prefill memory).
-    cuda_graph: capture and replay verify steps in CUDA graphs (`kdtree.engine.graph_capture`);
-    None = on for the kernel backend on CUDA with a drafter, off otherwise; True where it cannot
-    apply is a ValueError. Speculative decoding emits exactly the tokens plain greedy decoding would.
+    cuda_graph: capture and replay verify steps in CUDA graphs (`kdtree.engine.graph_capture`):
+    False (default) off; True on (a ValueError where it cannot apply: it needs the kernel backend
+    on CUDA and a drafter); None on where it applies (the CLI's default). Speculative decoding emits exactly the tokens plain greedy decoding would.
     """
     spec = get_drafter(drafter)
     attention = get_backend(backend)

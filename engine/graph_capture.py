@@ -151,7 +151,7 @@ class BucketKernelBackend(AttentionBackend):
 
         out = torch.zeros(q.shape[0], q.shape[1], LATENT_DIM, dtype=q.dtype, device=q.device)
         return launch(q, kv_cache, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
-                      float(sm_scale), out=out, variant=self.variant, num_splits=self.num_splits)
+                      float(sm_scale), out=out, variant=self.variant, num_splits=self.num_splits, padded_rows=True)
 
     def forward_extend(self, q, kv_cache, meta, sm_scale):
         raise RuntimeError("a verify graph runs verify attention only")

@@ -280,14 +280,20 @@ def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: A
     return result
 
 
+def check_graph_safety_pairs(spec: GraphSafetyGateSpec, pairs: Iterable[tuple[GraphCase, Callable]],
+                             ctx: GateContext, *, timer: Optional[Timer] = None, **details: Any) -> GateResult:
+    """`check_graph_safety` for cases that each bring their own callable: ``(case, fn)`` pairs."""
+    pairs = list(pairs)
+    reports = []
+    for i, (case, fn) in enumerate(pairs):
+        ctx.progress(f"graph {case.name}", i / max(len(pairs), 1))
+        reports.append(_run_case(spec, case, fn, ctx, timer))
+    label = timer_label(timer) if timer else "cuda_event"
+    return summarize(spec, reports, timer=label, replays_per_case=spec.replays, **details)
+
+
 def check_graph_safety(spec: GraphSafetyGateSpec, cases: Iterable[GraphCase],
                        fn: Callable[[dict[str, Any], dict[str, Any]], None], ctx: GateContext, *,
                        timer: Optional[Timer] = None) -> GateResult:
     """Capture, replay and compare every case (see the module docstring). Needs CUDA."""
-    cases = list(cases)
-    reports = []
-    for i, case in enumerate(cases):
-        ctx.progress(f"graph {case.name}", i / max(len(cases), 1))
-        reports.append(_run_case(spec, case, fn, ctx, timer))
-    label = timer_label(timer) if timer else "cuda_event"
-    return summarize(spec, reports, timer=label, replays_per_case=spec.replays)
+    return check_graph_safety_pairs(spec, [(case, fn) for case in cases], ctx, timer=timer)

@@ -115,7 +115,8 @@ def launch_outputs(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
-    """The captured callable of a launch case: zero the outputs, launch with the bucket's plan."""
+    """The captured callable of a launch case: out zero and lse -inf (what padded rows keep), then
+    the launch with the bucket's plan."""
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
     from kdtree.kernels.launch_plan import variant_name  # noqa: PLC0415
 
@@ -123,10 +124,10 @@ def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
 
     def fn(inputs, outputs):
         outputs["out"].zero_()
-        outputs["lse"].zero_()
+        outputs["lse"].fill_(float("-inf"))
         launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
                inputs["tree_mask"], SM_SCALE, out=outputs["out"], lse=outputs["lse"], variant=variant,
-               num_splits=plan.num_splits)
+               num_splits=plan.num_splits, padded_rows=True)
     return fn
 
 
@@ -168,9 +169,13 @@ def converter_case(heads: int = 16, batch: int = 4, tree: int = 16, context: int
     conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), "cuda")
     keys = ("q", "pool", "qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "custom_mask", "mask_indptr")
 
+    pool_slots = batch * (context + tree) + 64
+
     def inputs(seed, dev):
         rng = random.Random(seed)
-        fx = make_verify_batch(heads, [rng.randint(1, context) for _ in range(batch)], tree, seed, device=dev)
+        lens = [rng.randint(1, context) for _ in range(batch)]
+        fx = make_verify_batch(heads, lens, tree, seed, device=dev, pool_extra=pool_slots - sum(lens) - batch * tree)
+        fx["pool"][fx["out_cache_loc"]] = fx["k_extend"]  # the draft KV, as forward_extend writes it first
         fixed = {k: fx[k] for k in keys}
         # static shapes: the prefix indices padded to the bucket, the mask to its largest block
         kvi = torch.zeros(batch * context, dtype=fx["kv_indices"].dtype, device=dev)
@@ -232,7 +237,7 @@ class StepInputs:
             prefixes.append(order[at: at + length])
             tree_slots.append(order[at + length: at + length + size])
             at += length + size
-            trees.append(TokenTree([rng.randrange(vocab) for _ in range(size)], _parents(rng, size)))
+            trees.append(TokenTree(rng.sample(range(vocab), size), _parents(rng, size)))
         values, starts = stage_values(self.bucket, lens, trees, tree_slots, self.scratch)
         kv_indices = torch.tensor(order[: self.bucket.kv_capacity], dtype=torch.int32)
         for start, prefix in zip(starts, prefixes):
@@ -287,14 +292,9 @@ def _model(preset_name: str, device: str):
 
 
 def _safety(spec, ctx: GateContext, pairs, **details) -> GateResult:
-    """check_graph_safety over (case, fn) pairs that each have their own callable, merged."""
-    from kdtree.gates.graph_safety import _run_case, summarize  # noqa: PLC0415
+    from kdtree.gates.graph_safety import check_graph_safety_pairs  # noqa: PLC0415
 
-    reports = []
-    for i, (case, fn) in enumerate(pairs):
-        ctx.progress(f"graph {case.name}", i / max(len(pairs), 1))
-        reports.append(_run_case(spec, case, fn, ctx, None))
-    return summarize(spec, reports, replays_per_case=spec.replays, **details)
+    return check_graph_safety_pairs(spec, pairs, ctx, **details)
 
 
 # -- gates ---------------------------------------------------------------------------------------

@@ -150,7 +150,8 @@ def test_cuda_graph_where_it_cannot_apply_is_a_clear_error(tiny_model):
     assert result.exit_code == 2 and "--backend kernel --device cuda" in result.output
     with pytest.raises(ValueError, match="cuda_graph needs the kernel backend"):
         generate([[1, 2, 3]], model=tiny_model, drafter="ngram", backend="torch", cuda_graph=True, max_new_tokens=2)
-    auto = generate([[1, 2, 3]], model=tiny_model, drafter="ngram", backend="torch", max_new_tokens=2)
+    auto = generate([[1, 2, 3]], model=tiny_model, drafter="ngram", backend="torch", max_new_tokens=2,
+                    cuda_graph=None)
     assert not auto.cuda_graph and auto.graph_replays == 0  # auto: off where it cannot apply
     ok = CliRunner().invoke(main, ["generate", "--no-cuda-graph", "--max-new-tokens", "2", "--json"])
     assert ok.exit_code == 0 and '"cuda_graph": false' in ok.output

@@ -185,3 +185,48 @@ def test_gpu_replay_speedup_measures_every_figure():
     assert {"replay_speedup", "replay_speedup_b1", "decode_graph_speedup", "captured_launch_loss_max"} <= names
     assert fig(r, "logit_disagreements").value == 0 and fig(r, "decode_same_tokens").value == 1
     assert fig(r, "captured_launch_disagreements").value == 0
+
+
+def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze():
+    import torch
+
+    from kdtree.engine.graph_capture import Bucket
+    from kdtree.kernels.reference import tree_verify_mla_reference
+
+    bucket = Bucket(3, 16, 256)
+    draws = [phase3_work.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
+    assert len({tuple((k, tuple(v.shape), v.dtype) for k, v in d.items()) for d in draws}) == 1
+    lives = {int((d["qo_indptr"][1:] > d["qo_indptr"][:-1]).sum()) for d in draws}
+    lens = {int(d["kv_indptr"][1] - d["qo_indptr"][1]) for d in draws}
+    assert len(lives) > 1 and 0 in lens and 256 in lens and len(lens) > 3  # padded requests; L from 0 to max
+    assert any(int(d["qo_indptr"][-1]) < bucket.rows for d in draws)  # padded rows
+    for d in draws[:4]:  # the live part is a valid op-contract call
+        qo, kv = d["qo_indptr"].tolist(), d["kv_indptr"].tolist()
+        live = sum(1 for b in range(3) if qo[b + 1] > qo[b])
+        n, k = qo[live], kv[live]
+        out = tree_verify_mla_reference(d["q"][:n].contiguous(), d["kv_cache"], d["qo_indptr"][: live + 1],
+                                        d["kv_indptr"][: live + 1], d["kv_indices"][:k].contiguous(),
+                                        d["tree_mask"][:n].contiguous(), phase3_work.SM_SCALE)
+        assert torch.isfinite(out.float()).all()
+        assert len(set(d["kv_indices"][:k].tolist())) == k  # fresh, distinct slots
+
+
+def test_step_draws_keep_their_shapes_and_use_disjoint_slots():
+    from kdtree.engine import build_model, preset
+    from kdtree.engine.graph_capture import STAGE_FIELDS, Bucket
+
+    setup = phase3_work.StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
+    draws = [setup.draw(seed, "cpu") for seed in range(8)]
+    assert len({(tuple(d["stage"].shape), tuple(d["kv_indices"].shape)) for d in draws}) == 1
+    r = setup.bucket.rows
+    for d in draws:
+        stage = d["stage"].view(-1)
+        slots = stage[2 * r: 3 * r].tolist()
+        qo = stage[STAGE_FIELDS * r: STAGE_FIELDS * r + 3].tolist()
+        kv = stage[STAGE_FIELDS * r + 3:].tolist()
+        live_slots = slots[: qo[-1]]
+        prefixes = d["kv_indices"][: kv[-1]].tolist()
+        assert setup.scratch not in prefixes and set(slots[qo[-1]:]) <= {setup.scratch}
+        tree_positions = set(stage[5 * r: 5 * r + qo[-1]].tolist())
+        prefix_slots = {s for i, s in enumerate(prefixes) if i not in tree_positions}
+        assert not prefix_slots & set(live_slots)  # a tree slot is never another request's prefix
