@@ -177,7 +177,10 @@ def verify_body(model: "MLAModel", kv_caches: list[torch.Tensor], bucket: Bucket
     mask = tree_mask_from_parent_rows(parent_row, node, bucket.mask_words, doubling_rounds(bucket.tree))
     meta = AttentionMetadata("verify", qo_indptr, kv_indptr, kv_indices, mask,
                              qo_lens=[bucket.tree] * b, kv_lens=[bucket.context + bucket.tree] * b)
-    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, check_positions=False))
+    # positions were checked on the host before the stage was written (VerifyGraphs.bucket, the
+    # gate's draws); passing the bucket's bound keeps the model from reading them back (a sync)
+    bound = min(bucket.context + bucket.tree, model.config.max_position_embeddings) - 1
+    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, max_position=bound))
 
 
 def stage_values(bucket: Bucket, prefix_lens: Sequence[int], trees: Sequence["TokenTree"],

@@ -17,7 +17,7 @@ from torch import nn
 
 from kdtree.engine.config import ModelConfig
 from kdtree.engine.norm import RMSNorm
-from kdtree.engine.rope import RotaryEmbedding
+from kdtree.engine.rope import RopeTables
 
 if TYPE_CHECKING:
     from kdtree.engine.backends import AttentionBackend
@@ -50,21 +50,23 @@ class MLAttention(nn.Module):
             return self.q_proj(x)
         return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                kv_cache: torch.Tensor, out_slots: torch.Tensor, backend: "AttentionBackend",
-                meta: "AttentionMetadata") -> torch.Tensor:
-        """x [N, hidden] -> [N, hidden]; writes the N tokens' rows into kv_cache[out_slots] first."""
+    def forward(self, x: torch.Tensor, rope: RopeTables, kv_cache: torch.Tensor, out_slots: torch.Tensor,
+                backend: "AttentionBackend", meta: "AttentionMetadata") -> torch.Tensor:
+        """x [N, hidden] -> [N, hidden]; writes the N tokens' rows into kv_cache[out_slots] (long) first.
+
+        The per-head absorptions are batched matmuls over heads (one launch each, little host work:
+        at short context the eager step is bound by the host's per-op cost)."""
         n = x.shape[0]
         q = self._queries(x).view(n, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
-        kv_cache[out_slots.long()] = torch.cat([latent, rope(k_pe, positions)], dim=-1).to(kv_cache.dtype)
+        kv_cache[out_slots] = torch.cat([latent, rope.rotate(k_pe)], dim=-1).to(kv_cache.dtype)
 
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w[:, : self.nope], w[:, self.nope:]
-        q_latent = torch.einsum("nhd,hdr->nhr", q_nope, w_uk)
-        q_full = torch.cat([q_latent, rope(q_pe, positions)], dim=-1).contiguous()
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [N, H, r]
+        q_full = torch.cat([q_latent, rope.rotate(q_pe)], dim=-1)
         o_latent = backend.forward(q_full, kv_cache, meta, self.sm_scale)  # [N, H, 512]
-        o = torch.einsum("nhr,hvr->nhv", o_latent.to(x.dtype), w_uv)
-        return self.o_proj(o.reshape(n, self.num_heads * self.v_dim))
+        o = torch.bmm(o_latent.to(x.dtype).transpose(0, 1), w_uv.transpose(1, 2))  # [H, N, v]
+        return self.o_proj(o.transpose(0, 1).reshape(n, self.num_heads * self.v_dim))

@@ -57,27 +57,29 @@ class MLAModel(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
                 kv_caches: list[torch.Tensor], backend, meta, num_layers: Optional[int] = None,
-                logit_rows: Optional[torch.Tensor] = None, check_positions: bool = True) -> torch.Tensor:
+                logit_rows: Optional[torch.Tensor] = None, max_position: Optional[int] = None) -> torch.Tensor:
         """Logits fp32 [N, vocab] for N tokens of a batch laid out as `meta` describes.
 
         input_ids, positions, out_slots: [N]; kv_caches: one [S, 576] tensor per layer (the pool).
         num_layers < config.num_layers runs only the first layers, then the final norm and head
         (the self-draft model). logit_rows (long [n]): compute the logits of these rows only
-        ([n, vocab]; prefill needs one row per request, not [N, vocab] fp32). check_positions=False
-        skips the bound check on positions, which reads them on the host (a CUDA-graph capture
-        checks them on the host before copying them in).
+        ([n, vocab]; prefill needs one row per request, not [N, vocab] fp32). max_position: the
+        largest position, when the caller knows it on the host (else it is read from the device,
+        a synchronisation).
         """
         depth = self.config.num_layers if num_layers is None else num_layers
         if not 1 <= depth <= self.config.num_layers:
             raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {depth}")
-        if check_positions and positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(positions.max())} exceeds max_position_embeddings "
+        if max_position is None and positions.numel():
+            max_position = int(positions.max())
+        if max_position is not None and max_position >= self.config.max_position_embeddings:
+            raise ValueError(f"position {max_position} exceeds max_position_embeddings "
                              f"= {self.config.max_position_embeddings}")
-        positions = positions.long()
+        rope = self.rope.tables(positions.long(), self.dtype)
+        slots = out_slots.long()
         h = self.embed_tokens(input_ids.long())
         for layer, kv_cache in zip(self.layers[:depth], kv_caches):
-            h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rope, kv_cache,
-                                    out_slots, backend, meta)
+            h = h + layer.self_attn(layer.input_layernorm(h), rope, kv_cache, slots, backend, meta)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if logit_rows is not None:
             h = h[logit_rows]

@@ -20,11 +20,26 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
         self.max_positions = max_positions
 
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> "RopeTables":
+        """cos and sin of every token's position, gathered once per forward and shared by all layers."""
+        return RopeTables(self.cos[positions].to(dtype), self.sin[positions].to(dtype))
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate x [N, ..., dim] by its token's position (positions [N])."""
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        cos = self.cos[positions].to(x.dtype).view(shape)
-        sin = self.sin[positions].to(x.dtype).view(shape)
+        return self.tables(positions, x.dtype).rotate(x)
+
+
+class RopeTables:
+    """Per-token cos/sin rows [N, dim] for one forward (`RotaryEmbedding.tables`)."""
+
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, dim] or [N, H, dim] rotated by its token's position (rotate_half layout)."""
+        cos, sin = (self.cos, self.sin) if x.dim() == 2 else (self.cos[:, None], self.sin[:, None])
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return torch.addcmul(x * cos, rotated, sin)

@@ -69,9 +69,10 @@ class Runner:
                 logit_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
         dev = self.model.device
         rows = None if logit_rows is None else torch.tensor(list(logit_rows), dtype=torch.long, device=dev)
-        return self.model(torch.tensor(list(tokens), device=dev), torch.tensor(list(positions), device=dev),
+        positions = list(positions)
+        return self.model(torch.tensor(list(tokens), device=dev), torch.tensor(positions, device=dev),
                           torch.tensor(list(slots), dtype=torch.int32, device=dev), self.pool.kv,
-                          self.backend, meta, num_layers, rows)
+                          self.backend, meta, num_layers, rows, max_position=max(positions, default=None))
 
     def prefix(self, rid: int) -> torch.Tensor:
         """The request's slots so far, int32 on the model's device (a view kept by the mirror)."""

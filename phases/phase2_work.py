@@ -35,8 +35,22 @@ def _model(preset_name: str, device: str):
     key = (preset_name, device)
     if key not in _models:
         _models.clear()  # one large model at a time
+        release_device_memory()
         _models[key] = build_model(preset(preset_name), seed=0, device=device)
     return _models[key]
+
+
+def release_device_memory() -> None:
+    """Hand the caching allocator's free blocks back to the driver. A gate after a memory-heavy
+    one (32k-token prompts) otherwise finds the device full of torch's cached blocks, and what
+    allocates outside torch's allocator (Triton loading a kernel module) runs out of memory."""
+    import gc  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _hold(result: GateResult, figure: Figure, failure: str) -> GateResult:
@@ -184,6 +198,7 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
     from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
     from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
 
+    release_device_memory()
     loaded = "a reference passed in"
     if reference is None:
         try:
@@ -274,6 +289,15 @@ class VerifySetup:
 
     def step(self, name: str):
         return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
+
+    def refresh(self, seed: int) -> None:
+        """New prefix KV in place (every layer's pool rows redrawn): the speed gate's rounds must
+        not be answerable from a cache keyed on shapes or pointers."""
+        import torch  # noqa: PLC0415
+
+        gen = torch.Generator(device=self.pool.kv[0].device).manual_seed(seed)
+        for layer in self.pool.kv:
+            layer.normal_(generator=gen)
 
     def metadata(self, name: str):
         from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
@@ -374,6 +398,7 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
             setups[context] = VerifySetup(model, context, batch, budget, seed, backends)
             return setups[context]
         return SpeedConfig(name=f"L{context_label(context)} B{batch} T{budget}", make_inputs=inputs,
+                           refresh=lambda setup, seed: setup.refresh(seed),
                            params={"L": context, "B": batch, "T": budget, "H": model.config.num_heads,
                                    "layers": model.config.num_layers, "preset": preset_name})
 

@@ -26,6 +26,15 @@ for name in ["sglang", "sglang.kernels.ops.attention.extend_attention",
         importlib.import_module(name); print(f"ok      {name}")
     except BaseException as err:  # noqa: BLE001
         print(f"FAILED  {name}: {type(err).__name__}: {err}")
+import sys
+sys.path.insert(0, "tests/integrations")
+from sglang_kit_imports import import_with_stubs
+try:
+    _, stubbed = import_with_stubs(["sglang.test.kits.attention_unittest.runner_modes.speculative_target_verify_runner",
+                                    "sglang.srt.layers.attention.triton_backend"])
+    print("with stubs for missing non-attention modules: ok; stubbed:", stubbed)
+except BaseException as err:  # noqa: BLE001
+    print(f"with stubs: FAILED: {type(err).__name__}: {err}")
 from kdtree.integrations.sglang.sglang_kernels import load_extend_attention
 try:
     print("extend_attention_fwd:", load_extend_attention()[1])
@@ -33,6 +42,10 @@ except ImportError as err:
     print("extend_attention_fwd: not loadable:", err)
 PY
 cat "$OUT/sglang-imports.txt" | tee -a "$LOG"
+
+# where an eager verify step spends its time (host vs GPU), per backend, before the run
+timeout 120 python3 -m kdtree.tools.step_profile --context 4096 --context 32768 --json "$OUT/step_profile.json" 2>&1 \
+  | grep -v Warning | tee -a "$LOG"
 
 # the run first, so its record comes back whatever the tests do
 timeout 380 python3 -m kdtree.orchestrator --repo . run phase2 --device cuda --force 2>&1 | tail -40 | tee -a "$LOG"

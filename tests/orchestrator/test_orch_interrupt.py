@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -20,6 +21,16 @@ def _leftovers(project):
 
 @pytest.mark.parametrize("knob", ["sigint", "exit"])
 def test_sigint_or_systemexit_in_a_gate_records_nothing(project, knob):
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # Python then keeps it ignored; Ctrl-C at a terminal reaches the default handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupted_run_records_nothing(project, knob)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_run_records_nothing(project, knob):
     project.cli("run", "p1", "--device", "cpu")
     before = _snapshot(project)
     project.knobs(p1={"exact": knob})

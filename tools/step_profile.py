@@ -1,0 +1,101 @@
+"""Where one verify step of the engine spends its time: ``python -m kdtree.tools.step_profile``.
+
+Builds phase 2's verify setup (`kdtree.phases.phase2_work.VerifySetup`: a preset model, B
+requests with an L-token prefix of random KV in the pool, one random tree each) and, per backend,
+reports the step's wall time with the device synchronised around it, its host time (the call
+returning, with no synchronisation inside), the GPU's busy time (the sum of the step's kernel
+durations, from torch.profiler) and the host operators that cost the most. A step whose host
+time exceeds its GPU time is launch-bound: the GPU idles between kernels, and a faster attention
+kernel shows up only as idle time (CUDA graphs remove the host part; phase 3).
+
+    python -m kdtree.tools.step_profile --preset dsv3-tp8 --context 4096 --batch 2 --tree 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def profile_step(setup, name: str, repeats: int = 10, top: int = 15) -> dict:
+    """Wall, host and GPU-busy milliseconds of `setup.step(name)`, the launch count and the top
+    host operators by self CPU time."""
+    import torch  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    dev = setup.pool.kv[0].device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        setup.step(name)
+    sync()
+    walls, hosts = [], []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        setup.step(name)
+        t1 = time.perf_counter()
+        sync()
+        walls.append(time.perf_counter() - t0)
+        hosts.append(t1 - t0)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        setup.step(name)
+        sync()
+    events = prof.key_averages()
+    gpu_us = sum(getattr(e, "self_device_time_total", 0.0) or 0.0 for e in events)
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC",
+                                                          "cuLaunchKernelEx"))
+    ops = sorted((e for e in events if not e.key.startswith("cuda") and not e.key.startswith("cu")),
+                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "wall_ms": statistics.median(walls) * 1e3,
+        "host_ms": statistics.median(hosts) * 1e3,
+        "gpu_busy_ms": gpu_us / 1e3,
+        "launches": launches,
+        "top_host_ops": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
+                         for e in ops],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kdtree.tools.step_profile", description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="dsv3-tp8")
+    parser.add_argument("--context", type=int, action="append", dest="contexts", help="repeatable; default 4096")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--tree", type=int, default=64)
+    parser.add_argument("--backend", action="append", dest="backends")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    import torch  # noqa: PLC0415
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("step_profile: no CUDA device here; pass --device cpu for the CPU torch path", file=sys.stderr)
+        return 2
+    from kdtree.engine import build_model, preset  # noqa: PLC0415
+    from kdtree.phases.phase2_work import VerifySetup  # noqa: PLC0415
+
+    backends = tuple(args.backends or (["kernel", "triton"] if args.device == "cuda" else ["torch"]))
+    contexts = args.contexts or [4096]
+    model = build_model(preset(args.preset), seed=0, device=args.device)
+    results = {}
+    for context in contexts:
+        setup = VerifySetup(model, context, args.batch, args.tree, seed=context, backends=backends)
+        for name in backends:
+            got = results[f"L{context} {name}"] = profile_step(setup, name)
+            print(f"L={context} B={args.batch} T={args.tree} {name}: wall {got['wall_ms']:.2f} ms, host "
+                  f"{got['host_ms']:.2f} ms, GPU busy {got['gpu_busy_ms']:.2f} ms, {got['launches']} launches")
+            for op in got["top_host_ops"][:10]:
+                print(f"    {op['self_cpu_ms']:8.3f} ms  {op['calls']:5d}x  {op['op']}")
+        del setup
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
