@@ -330,8 +330,10 @@ def oracle_check(buckets, candidate, ctx: GateContext, draws: int = 2) -> tuple[
         for _ in range(draws):
             seed = ctx.fresh_seed()
             inp = launch_inputs(bucket, H, seed, ctx.device)
+            pristine = {k: v.clone() for k, v in inp.items()}  # what the candidate cannot change
             out = launch_outputs(inp)
             fn(inp, out)
+            inp = pristine
             qo, kv = inp["qo_indptr"].tolist(), inp["kv_indptr"].tolist()
             live = [b for b in range(B) if qo[b + 1] > qo[b]]
             n, k = qo[live[-1] + 1], kv[live[-1] + 1]
