@@ -62,9 +62,11 @@ def main() -> None:
 @click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--preset", "preset_name", default="tiny", show_default=True,
               type=click.Choice(sorted(PRESETS)), help="model size")
+@click.option("--cuda-graph/--no-cuda-graph", "cuda_graph", default=None,
+              help="replay verify steps from CUDA graphs (default: on for --backend kernel on CUDA with a drafter)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a report")
 def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, device, max_new_tokens, preset_name,
-             as_json):
+             cuda_graph, as_json):
     """Generate greedily (--drafter none) or with tree speculative decoding."""
     from rich.console import Console  # noqa: PLC0415 - keep `--help` fast
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
@@ -79,13 +81,17 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
         if get_backend(backend).requires_cuda and dev.type != "cuda":
             raise click.BadParameter(f"backend {backend!r} runs on CUDA devices only; add --device cuda, or "
                                      "use --backend torch or reference on the CPU", param_hint="--backend")
+        if cuda_graph and (backend not in ("kernel", "cuda") or dev.type != "cuda" or drafter == "none"):
+            raise click.BadParameter("CUDA graphs capture verify steps on the kernel backend: they need "
+                                     "--backend kernel --device cuda and a drafter; or pass --no-cuda-graph",
+                                     param_hint="--cuda-graph")
         cfg = preset(preset_name)
         prompts = _prompts(prompt_ids, seed, batch, cfg.vocab_size, prompt_len)
         total = len(prompts) * max_new_tokens
         if as_json:
             model = build_model(cfg, seed=seed, device=dev)
             result = run_generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
-                                  max_new_tokens=max_new_tokens)
+                                  max_new_tokens=max_new_tokens, cuda_graph=cuda_graph)
         else:
             with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=err, transient=True) as bar:
@@ -93,7 +99,7 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
                 model = build_model(cfg, seed=seed, device=dev)
                 bar.update(task, description=f"prefill + decoding ({backend}, {drafter})")
                 result = run_generate(prompts, model=model, drafter=drafter, budget=budget, backend=backend,
-                                      max_new_tokens=max_new_tokens,
+                                      max_new_tokens=max_new_tokens, cuda_graph=cuda_graph,
                                       on_step=lambda n: bar.advance(task, n))
     except click.ClickException:
         raise
@@ -116,7 +122,8 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
     console.print(f"drafter [bold]{drafter}[/] budget {budget} backend {backend} on {result.device} "
                   f"({result.dtype}): {result.steps} steps, mean accepted length "
                   f"[bold]{result.mean_accepted:.2f}[/] tokens/step, {result.tokens_per_s:.1f} tokens/s "
-                  f"(prefill {result.prefill_s:.2f} s, then [bold]{result.decode_tokens_per_s:.1f}[/] tokens/s)")
+                  f"(prefill {result.prefill_s:.2f} s, then [bold]{result.decode_tokens_per_s:.1f}[/] tokens/s)"
+                  + (f"; {result.graph_replays} verify steps replayed from CUDA graphs" if result.cuda_graph else ""))
 
 
 if __name__ == "__main__":

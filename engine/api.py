@@ -35,6 +35,8 @@ class GenerationResult:
     backend: str
     device: str
     dtype: str
+    cuda_graph: bool = False  # verify steps replayed CUDA graphs (kdtree.engine.graph_capture)
+    graph_replays: int = 0  # verify steps served by a graph replay (the rest ran eagerly)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,7 +142,8 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
              config: Optional[ModelConfig] = None, drafter: str = "none", budget: int = 16,
              backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
              max_new_tokens: int = 32, seed: int = 0, pool_slots: Optional[int] = None,
-             on_step: Optional[Callable[[int], None]] = None, prefill_chunk: int = 8192) -> GenerationResult:
+             on_step: Optional[Callable[[int], None]] = None, prefill_chunk: int = 8192,
+             cuda_graph: Optional[bool] = False) -> GenerationResult:
     """Greedy generation for a batch of prompts, plain (drafter='none') or tree-speculative.
 
     model: a built `MLAModel` (its device and dtype win); else one is built from `config`
@@ -150,7 +153,9 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
     on_step(n): called after prefill and each step with the number of new tokens kept.
     prefill_chunk: prompt tokens per request per prefill forward (bounds prefill memory).
-    Speculative decoding emits exactly the tokens plain greedy decoding would.
+    cuda_graph: capture and replay verify steps in CUDA graphs (`kdtree.engine.graph_capture`):
+    False (default) off; True on (a ValueError where it cannot apply: it needs the kernel backend
+    on CUDA and a drafter); None on where it applies (the CLI's default). Speculative decoding emits exactly the tokens plain greedy decoding would.
     """
     spec = get_drafter(drafter)
     attention = get_backend(backend)
@@ -167,6 +172,11 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     elif config is not None and config != model.config:
         raise ValueError("config does not match the model's config; pass one or the other")
     cfg = model.config
+    graphs_ok = attention.name in ("kernel", "cuda") and model.device.type == "cuda" and spec is not None
+    if cuda_graph and not graphs_ok:
+        raise ValueError(f"cuda_graph needs the kernel backend on a CUDA device and a drafter (verify steps); "
+                         f"got backend {backend!r} on {model.device}, drafter {drafter!r}: use --no-cuda-graph")
+    use_graphs = graphs_ok if cuda_graph is None else bool(cuda_graph)
     prompts = _check_prompts(prompts, cfg.vocab_size)
     depth = spec.max_depth if spec else 0  # deepest draft node past the pending token
     reach = max(map(len, prompts)) + max_new_tokens + depth
@@ -175,13 +185,18 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
                          f"max_position_embeddings = {cfg.max_position_embeddings}")
     per_request = [len(p) + max_new_tokens + depth + budget + 1 for p in prompts]  # kept KV + one tree
     if pool_slots is None:
-        pool_slots = sum(per_request)
+        pool_slots = sum(per_request) + (1 if use_graphs else 0)  # + the graphs' scratch slot
     longest = max(map(len, prompts))
     if longest >= pool_slots:
         raise ValueError(f"a prompt of {longest} tokens is longer than the KV pool allows "
                          f"({pool_slots} slots, and generating needs at least one more)")
     pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
-    runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk)
+    graphs = None
+    if use_graphs:
+        from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
+
+        graphs = VerifyGraphs(model, pool)
+    runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk, graphs=graphs)
     requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
     start = time.perf_counter()
     runner.prefill(requests)  # its argmax reads the logits on the host: the device is done here
@@ -207,4 +222,5 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         steps=len(accepted_per_step), wall_s=wall, prefill_s=prefill_s,
         decode_tokens_per_s=later / decode_s if decode_s > 0 and later else float("nan"),
         drafter=drafter, budget=budget, backend=backend,
-        device=str(model.device), dtype=str(model.dtype).removeprefix("torch."))
+        device=str(model.device), dtype=str(model.dtype).removeprefix("torch."),
+        cuda_graph=use_graphs, graph_replays=graphs.replays if graphs is not None else 0)

@@ -52,14 +52,18 @@ class Runner:
     attention is itself cut into chain trees by the backend), so prefill memory is bounded by
     the chunk, not the prompt. Request prefixes reach the metadata as device tensors
     (`SlotMirror`): a step uploads only the slots that are new since the last one.
+    With `graphs` (`kdtree.engine.graph_capture.VerifyGraphs`), verify steps that fit a bucket
+    replay its CUDA graph; the others run eagerly.
     """
 
-    def __init__(self, model: MLAModel, pool: KVPool, backend: AttentionBackend, prefill_chunk: int = 8192):
+    def __init__(self, model: MLAModel, pool: KVPool, backend: AttentionBackend, prefill_chunk: int = 8192,
+                 graphs=None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.pool, self.backend = model, pool, backend
         self.prefill_chunk = prefill_chunk
         self.mirror = SlotMirror(pool, model.device)
+        self.graphs = graphs
 
     def forward(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
                 meta: AttentionMetadata, num_layers: Optional[int] = None,
@@ -125,6 +129,10 @@ class Runner:
                       tree_slots: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits [sum T_b, vocab] of every tree node: writes the trees' KV into `tree_slots` (every
         layer) and attends over prefix and tree slots straight from the pool. Changes nothing else."""
+        if self.graphs is not None:
+            logits = self.graphs.verify_logits(self, requests, trees, tree_slots)
+            if logits is not None:
+                return logits
         prefix = [self.prefix(r.rid) for r in requests]
         meta = verify_metadata(prefix, tree_slots, [t.parents for t in trees], self.model.device)
         positions = [len(p) + d for p, t in zip(prefix, trees) for d in t.depths()]

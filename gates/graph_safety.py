@@ -15,8 +15,13 @@ but a sync it misses still breaks the capture), count caching-allocator allocati
 capture (``allocation.all.allocated`` in ``torch.cuda.memory_stats``, before vs after, less what
 torch's own capture of an empty body allocates), then for
 ``spec.replays`` fresh inputs: copy them into the static buffers, poison the static outputs,
-replay, and compare with an eager call on the same inputs into fresh poisoned buffers. With
-``spec.min_replay_speedup`` set, replay and eager are then timed interleaved.
+replay (counting allocations made by the replay: the counters must not move), and compare with
+an eager call on the same inputs into fresh poisoned buffers. With ``spec.min_replay_speedup``
+set, replay and eager are then timed interleaved.
+
+A case with ``allow_capture_allocations`` (a whole model step, whose intermediates come from the
+graph's private pool at capture) has its capture allocations reported as
+``pool_allocations_in_capture`` instead of being held to zero; replay allocations are always held.
 
 `summarize` turns per-case reports into the result and needs no GPU.
 """
@@ -43,6 +48,7 @@ class GraphCase:
     make_inputs: Callable[[int, str], dict[str, Any]]
     make_outputs: Callable[[dict[str, Any]], dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
+    allow_capture_allocations: bool = False  # intermediates from the graph's pool (a model step)
 
 
 @dataclass
@@ -54,6 +60,8 @@ class CaseReport:
     host_sync: bool = False
     allocations: int = 0
     torch_allocations: int = 0  # what torch's capture machinery itself allocated (not counted)
+    pool_allocations: int = 0  # capture allocations of a case that may allocate from the graph pool
+    replay_allocations: int = 0  # allocations made by graph.replay() calls, over all replays
     replays: int = 0
     worst_rel_l2: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -70,7 +78,8 @@ class CaseReport:
     def as_row(self) -> dict[str, Any]:
         return {"case": self.name, "capture_error": self.capture_error, "host_sync": self.host_sync,
                 "allocations_in_capture": self.allocations, "torch_capture_allocations": self.torch_allocations,
-                "replays": self.replays,
+                "pool_allocations_in_capture": self.pool_allocations,
+                "allocations_in_replay": self.replay_allocations, "replays": self.replays,
                 "worst_rel_l2": None if math.isnan(self.worst_rel_l2) or math.isinf(self.worst_rel_l2)
                 else self.worst_rel_l2,
                 "problems": self.problems[:10], "seeds": self.seeds,
@@ -165,11 +174,14 @@ def _capture(fn, static_in, static_out, warmup: int):
     return graph, error, max(allocations - own, 0), own
 
 
-def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, device: str) -> tuple[float, list[str]]:
+def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int,
+                 device: str) -> tuple[float, list[str], int]:
     fresh = case.make_inputs(seed, device)
     copy_into_static(static_in, fresh)
     static_poison = {key: poison_(buf) for key, buf in static_out.items()}
+    before = _alloc_count()
     graph.replay()
+    replay_allocations = _alloc_count() - before
     eager = dict(case.make_outputs(fresh))
     eager_poison = {key: poison_(buf) for key, buf in eager.items()}
     fn(fresh, eager)
@@ -188,7 +200,7 @@ def _replay_once(case: GraphCase, fn, graph, static_in, static_out, seed: int, d
         cmp = compare(key, static_out[key], ref, poison=static_poison[key])
         problems.extend(f"replay {p}" for p in cmp.problems)
         worst = cmp.rel_l2 if math.isnan(cmp.rel_l2) or math.isnan(worst) else max(worst, cmp.rel_l2)
-    return worst, problems
+    return worst, problems, replay_allocations
 
 
 def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, timer: Optional[Timer]) -> CaseReport:
@@ -199,6 +211,8 @@ def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, 
     static_out = dict(case.make_outputs(static_in))
     graph, error, report.allocations, report.torch_allocations = _capture(fn, static_in, static_out,
                                                                           spec.warmup)
+    if case.allow_capture_allocations:
+        report.pool_allocations, report.allocations = report.allocations, 0
     if error is not None:
         report.capture_error = error
         report.host_sync = looks_like_sync(error)
@@ -207,7 +221,8 @@ def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, 
     for _ in range(spec.replays):
         seed = ctx.fresh_seed()
         report.seeds.append(seed)
-        err, problems = _replay_once(case, fn, graph, static_in, static_out, seed, ctx.device)
+        err, problems, allocated = _replay_once(case, fn, graph, static_in, static_out, seed, ctx.device)
+        report.replay_allocations += allocated
         report.replays += 1
         report.problems.extend(f"seed {seed}: {p}" for p in problems)
         report.worst_rel_l2 = err if math.isnan(err) or math.isnan(report.worst_rel_l2) else max(report.worst_rel_l2, err)
@@ -222,8 +237,10 @@ def _run_case(spec: GraphSafetyGateSpec, case: GraphCase, fn, ctx: GateContext, 
 def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: Any) -> GateResult:
     """The gate's result from per-case reports (no GPU needed).
 
-    Figures: ``worst_rel_l2`` (key, replay vs eager, ``<= spec.max_rel_l2``), ``capture_failures``
-    and ``allocations_in_capture`` (both must be 0), ``replays_compared`` (every case's replays),
+    Figures: ``worst_rel_l2`` (key, replay vs eager, ``<= spec.max_rel_l2``), ``capture_failures``,
+    ``allocations_in_capture`` and ``allocations_in_replay`` (all must be 0),
+    ``pool_allocations_in_capture`` (cases allowed to allocate from the graph pool; recorded),
+    ``replays_compared`` (every case's replays),
     and with ``spec.min_replay_speedup`` the median ``replay_speedup`` over cases.
     """
     if not reports:
@@ -237,6 +254,8 @@ def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: A
         Figure(name="capture_failures", value=len(failures), op="<=", threshold=0),
         Figure(name="host_syncs_in_capture", value=sum(r.host_sync for r in reports)),
         Figure(name="allocations_in_capture", value=sum(r.allocations for r in reports), op="<=", threshold=0),
+        Figure(name="allocations_in_replay", value=sum(r.replay_allocations for r in reports), op="<=", threshold=0),
+        Figure(name="pool_allocations_in_capture", value=sum(r.pool_allocations for r in reports)),
         Figure(name="replays_compared", value=sum(r.replays for r in reports), op=">=",
                threshold=spec.replays * len(reports)),
     ]
@@ -251,6 +270,8 @@ def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: A
             messages.append(f"{r.name}: {what}: {r.capture_error[:300]}")
         if r.allocations:
             messages.append(f"{r.name}: {r.allocations} allocations during capture")
+        if r.replay_allocations:
+            messages.append(f"{r.name}: {r.replay_allocations} allocations during {r.replays} replays")
         messages.extend(f"{r.name}: {p}" for p in r.problems[:2])
     result = verdict(spec.name, spec.kind, figures, "; ".join(messages[:4]),
                      cases=[r.as_row() for r in reports], **details)
@@ -259,14 +280,20 @@ def summarize(spec: GraphSafetyGateSpec, reports: list[CaseReport], **details: A
     return result
 
 
+def check_graph_safety_pairs(spec: GraphSafetyGateSpec, pairs: Iterable[tuple[GraphCase, Callable]],
+                             ctx: GateContext, *, timer: Optional[Timer] = None, **details: Any) -> GateResult:
+    """`check_graph_safety` for cases that each bring their own callable: ``(case, fn)`` pairs."""
+    pairs = list(pairs)
+    reports = []
+    for i, (case, fn) in enumerate(pairs):
+        ctx.progress(f"graph {case.name}", i / max(len(pairs), 1))
+        reports.append(_run_case(spec, case, fn, ctx, timer))
+    label = timer_label(timer) if timer else "cuda_event"
+    return summarize(spec, reports, timer=label, replays_per_case=spec.replays, **details)
+
+
 def check_graph_safety(spec: GraphSafetyGateSpec, cases: Iterable[GraphCase],
                        fn: Callable[[dict[str, Any], dict[str, Any]], None], ctx: GateContext, *,
                        timer: Optional[Timer] = None) -> GateResult:
     """Capture, replay and compare every case (see the module docstring). Needs CUDA."""
-    cases = list(cases)
-    reports = []
-    for i, case in enumerate(cases):
-        ctx.progress(f"graph {case.name}", i / max(len(cases), 1))
-        reports.append(_run_case(spec, case, fn, ctx, timer))
-    label = timer_label(timer) if timer else "cuda_event"
-    return summarize(spec, reports, timer=label, replays_per_case=spec.replays)
+    return check_graph_safety_pairs(spec, [(case, fn) for case in cases], ctx, timer=timer)

@@ -147,9 +147,15 @@ def _run(state: DeviceState, args: tuple) -> None:
 def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
            kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-           variant: Optional[str] = None, num_splits: Optional[int] = None) -> torch.Tensor:
+           variant: Optional[str] = None, num_splits: Optional[int] = None,
+           padded_rows: bool = False) -> torch.Tensor:
     """The op contract with the launch plan's choices open: ``variant`` (a name of
     `launch_plan.VARIANTS`) and ``num_splits`` force them (None: chosen from the shapes).
+
+    ``padded_rows`` (CUDA-graph buckets, `launch_plan.plan_for_bucket`): q may have rows past
+    ``qo_indptr[B]`` that no request owns. With several splits the combine pass would merge
+    their never-written partials; their partial lse is cleared first, so those rows come out
+    0 (lse -inf). With one split the kernel leaves them as the caller set them.
 
     Never synchronises the device; after the first call on a device it allocates nothing but
     `out`, and only when none is passed.
@@ -161,6 +167,10 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     state = device_state(q.get_device())
     if out is None:
         out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
+    if padded_rows:
+        plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability, variant, num_splits)
+        if plan.num_splits > 1:
+            _workspaces[state.index][1][: plan.num_splits * problem.num_rows * problem.num_heads].fill_(float("-inf"))
     _run(state, launch_args(problem, q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
                             out, lse, state, variant, num_splits))
     return out

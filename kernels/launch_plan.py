@@ -133,3 +133,74 @@ def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_
     else:
         splits = choose_splits(ctas, num_kv / batch, total_rows, sm_count)
     return LaunchPlan(num_splits=splits, variant=variant_id, grid_y=grid_y)
+
+
+# -- CUDA-graph buckets ------------------------------------------------------------------------
+VARIANT_NAMES = {v: k for k, v in VARIANTS.items()}
+BUCKET_SAMPLES = 6  # lengths of a bucket the split choice is weighed at (geometric, min..max)
+
+
+def variant_name(variant: int) -> str:
+    """The VARIANTS name of a launcher id (what `cuda_op.launch(variant=...)` takes)."""
+    if variant not in VARIANT_NAMES:
+        raise ValueError(f"variant id {variant!r}: expected one of {sorted(VARIANT_NAMES)}")
+    return VARIANT_NAMES[variant]
+
+
+def _bucket_lengths(min_context: int, max_context: int) -> list[int]:
+    lo, hi = max(min_context, 1), max(max_context, 1)
+    if lo >= hi:
+        return [hi]
+    ratio = (hi / lo) ** (1.0 / (BUCKET_SAMPLES - 1))
+    return sorted({int(round(lo * ratio ** i)) for i in range(BUCKET_SAMPLES)} | {hi})
+
+
+def bucket_regret(splits: int, ctas: int, lengths: list[int], tree: int, total_rows: int, slots: int) -> float:
+    """Worst modelled time of `splits` over `lengths` against the best split count at each length
+    (1.0: as good as an exact plan everywhere)."""
+    worst = 1.0
+    for length in lengths:
+        keys = length + tree
+        best = _choose_splits(ctas, max(1, math.ceil(keys / BLOCK_N)), total_rows, slots)
+        worst = max(worst, split_cost(splits, ctas, keys, total_rows, slots) /
+                    split_cost(best, ctas, keys, total_rows, slots))
+    return worst
+
+
+def plan_for_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, sm_count: int,
+                    capability: tuple[int, int] = (9, 0), *, min_context: Optional[int] = None,
+                    variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
+    """The plan one captured launch keeps for every call of a CUDA-graph bucket.
+
+    A bucket admits up to `max_batch` requests of up to `max_tree` nodes and `max_context` prefix
+    tokens each; its static buffers have exactly those sizes (q rows ``max_batch * max_tree``,
+    ``ceil(max_tree / 32)`` mask words). The grid (splits x row blocks x requests) is fixed at
+    capture; the kernel cuts each request's KV into `num_splits` ranges from ``kv_indptr`` on the
+    device, so any length up to the maximum is served (empty splits and requests without rows
+    exit early and the combine skips them). The split count is the one whose modelled time is
+    worst-case closest to an exact-length plan over the contexts the bucket is used for
+    (``min_context``, default ``max_context // 2``, to ``max_context``; `bucket_regret`); the
+    variant is the one the bucket's row count picks. ``variant`` / ``num_splits`` force them.
+    """
+    if min(max_batch, max_tree, num_heads) < 1 or max_context < 0:
+        raise ValueError(f"bucket: need max_batch, max_tree, num_heads >= 1 and max_context >= 0, got "
+                         f"{max_batch}, {max_tree}, {num_heads}, {max_context}")
+    words = math.ceil(max_tree / 32)
+    rows = max_batch * max_tree
+    base = plan_launch(rows, num_heads, max_batch, words, max_batch * (max_context + max_tree), sm_count,
+                       capability, variant=variant, num_splits=num_splits)
+    if num_splits is not None:
+        return base
+    total_rows = rows * num_heads
+    if total_rows > WORKSPACE_ROWS:
+        return base
+    ctas = max_batch * math.ceil(max_tree * num_heads / base.block_m)
+    slots = max(1, sm_count)
+    lo = max_context // 2 if min_context is None else min(min_context, max_context)
+    lengths = _bucket_lengths(lo, max_context)
+    limit = max(1, min(MAX_SPLITS, WORKSPACE_ROWS // total_rows, math.ceil((max_context + max_tree) / BLOCK_N)))
+    candidates = sorted({1, base.num_splits} | {_choose_splits(ctas, max(1, math.ceil((n + max_tree) / BLOCK_N)),
+                                                               total_rows, slots) for n in lengths})
+    candidates = [min(s, limit) for s in candidates]
+    best = min(candidates, key=lambda s: (round(bucket_regret(s, ctas, lengths, max_tree, total_rows, slots), 6), s))
+    return LaunchPlan(num_splits=best, variant=base.variant, grid_y=base.grid_y)

@@ -11,8 +11,20 @@
   prefix and draft slots. Any other call (prefill, draft extend, decode, non-MLA layers, FP8 or
   scaled KV, logit caps, sinks, sliding windows, CUDA-graph batches) goes to the parent, with its
   arguments unchanged;
-- ``init_forward_metadata_out_graph`` / ``_in_graph``: forget the eager conversion, then the
-  parent (graph batches take the parent's path until phase 3 implements capture).
+- the CUDA-graph API of SGLang 0.5.23 (its decode CUDA-graph runner, and the attention kit):
+  ``init_cuda_graph_state(max_bs, max_num_tokens, ...)`` runs the parent's, then allocates a
+  second `VerifyConverter` sized for the graph buckets (max_bs requests, max_num_tokens rows,
+  max_bs x max_context_len prefix slots: int32 per token, never T x L);
+  ``init_forward_metadata_out_graph(forward_batch, in_capture)`` is the parent's (it fills
+  SGLang's static graph buffers, at capture and before every replay, from a ForwardBatch or the
+  replay's SimpleNamespace view) and forgets the eager conversion;
+  ``init_forward_metadata_in_graph(forward_batch)`` (recorded into the graph) converts those
+  static buffers into the graph converter's, on the device, allocation-free, for a target-verify
+  batch the kernel can serve; ``get_cuda_graph_seq_len_fill_value`` is the parent's 1 (a padded
+  request then has one prefix key, so its rows are finite). In a graph batch ``forward_extend``
+  launches the kernel with the bucket's fixed plan (`kdtree.kernels.launch_plan.plan_for_bucket`
+  for (bs, N, max_context_len)), whose split ranges the kernel cuts from kv_indptr on the device,
+  so one capture serves every length up to max_context_len.
 
 Whether a batch is served is decided from shapes, dtypes and layer attributes on the host, never
 from values on the device; `kd_last_route` says which path the last call took and why.
@@ -55,7 +67,7 @@ def _unservable_backend(backend: Any) -> Optional[str]:
 def _unservable_call(backend: Any, q, k, v, layer, forward_batch, sinks, score_mod, aux_tensors) -> Optional[str]:
     """Why this forward_extend call goes to the parent (None: the kernel serves it). Host facts only."""
     if backend._kd_meta is None:
-        return "not an eager target-verify batch the converter took"
+        return "not a target-verify batch the converter took"
     if not forward_batch.forward_mode.is_target_verify():
         return f"forward mode {forward_batch.forward_mode}"
     if k is None or v is None:
@@ -98,6 +110,9 @@ def make_backend_class(parent: type) -> type:
 
         #: the op; tests on the CPU swap in the reference (same signature)
         verify_op = None
+        #: the op in graph batches: the op contract plus ``variant`` and ``num_splits`` (default
+        #: `kdtree.kernels.cuda_op.launch`); tests on the CPU swap in a wrapper of the reference
+        graph_op = None
         #: layer calls served by the kernel, over all instances (the GPU kit test reads it)
         kd_kernel_calls = 0
 
@@ -106,6 +121,10 @@ def make_backend_class(parent: type) -> type:
             self._kd_runner = model_runner
             self._kd_meta = None
             self._kd_converter: Optional[VerifyConverter] = None
+            self._kd_graph_converter: Optional[VerifyConverter] = None
+            self._kd_graph_bs: Optional[int] = None  # set while the metadata is a graph batch's
+            self._kd_graph_context = 0  # max_context_len the graph converter is sized for
+            self._kd_plans: dict[tuple[int, int], tuple[str, int]] = {}
             self.kd_unservable = _unservable_backend(self)
             self.kd_last_route: tuple[str, str] = ("none", "no call yet")
 
@@ -128,7 +147,7 @@ def make_backend_class(parent: type) -> type:
 
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
-            self._kd_meta = None
+            self._kd_meta, self._kd_graph_bs = None, None
             if self.kd_unservable is not None or not forward_batch.forward_mode.is_target_verify():
                 return
             md = self.forward_metadata
@@ -141,13 +160,65 @@ def make_backend_class(parent: type) -> type:
                 self._kd_meta = None
                 self.kd_last_route = ("parent", f"converter: {err}")
 
-        def init_forward_metadata_out_graph(self, forward_batch, *args, **kwargs):
-            self._kd_meta = None
-            return super().init_forward_metadata_out_graph(forward_batch, *args, **kwargs)
+        # -- CUDA graphs (SGLang's decode CUDA-graph runner) -----------------------------------
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+            result = super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+            self._kd_graph_converter, self._kd_plans = None, {}
+            if self.kd_unservable is None:
+                tree = self._kd_tokens_per_request()
+                context = int(getattr(self, "max_context_len", 0) or 0)
+                if tree is not None and context > 0 and max_num_tokens >= 1:
+                    device = getattr(self, "device", None) or self.token_to_kv_pool.get_key_buffer(0).device
+                    self._kd_graph_context = context
+                    self._kd_graph_converter = VerifyConverter(
+                        max_batch=max_bs, max_rows=max_num_tokens, max_tree=tree,
+                        max_slots=max_bs * context + max_num_tokens, device=device)
+            return result
 
-        def init_forward_metadata_in_graph(self, forward_batch, *args, **kwargs):
-            self._kd_meta = None
-            return super().init_forward_metadata_in_graph(forward_batch, *args, **kwargs)
+        def _kd_tokens_per_request(self) -> Optional[int]:
+            n = int(getattr(self, "target_verify_num_tokens_per_req", 0) or getattr(self, "num_draft_tokens", 0) or 0)
+            return n if 1 <= n <= MAX_TREE_NODES else None
+
+        def get_cuda_graph_seq_len_fill_value(self):
+            return super().get_cuda_graph_seq_len_fill_value()
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+            self._kd_meta, self._kd_graph_bs = None, None
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
+
+        def init_forward_metadata_in_graph(self, forward_batch):
+            result = super().init_forward_metadata_in_graph(forward_batch)
+            self._kd_meta, self._kd_graph_bs = None, None
+            conv = self._kd_graph_converter
+            if conv is None or not forward_batch.forward_mode.is_target_verify():
+                return result
+            md = self.forward_metadata
+            if md is None or getattr(md, "custom_mask", None) is None or getattr(md, "qo_indptr", None) is None:
+                self.kd_last_route = ("parent", "graph batch without a custom mask")
+                return result
+            bs = md.qo_indptr.numel() - 1
+            # SGLang packs the prefixes from index 0 of its (max_num_tokens x max_context_len) buffer:
+            # bs x max_context_len entries hold every prefix of a bs-request batch
+            prefix = md.kv_indices[: min(md.kv_indices.numel(), bs * self._kd_graph_context)]
+            try:
+                self._kd_meta = conv.convert(md.qo_indptr, md.kv_indptr, prefix, forward_batch.out_cache_loc,
+                                             md.custom_mask, md.mask_indptr)
+                self._kd_graph_bs = bs
+            except ValueError as err:
+                self.kd_last_route = ("parent", f"graph converter: {err}")
+            return result
+
+        def kd_graph_plan(self, bs: int, heads: int) -> tuple[str, int]:
+            """(variant, num_splits) of a graph batch of `bs` requests: the bucket's fixed plan."""
+            key = (bs, heads)
+            if key not in self._kd_plans:
+                from kdtree.kernels import launch_plan  # noqa: PLC0415
+
+                sm_count, capability = _device_facts(self.token_to_kv_pool.get_key_buffer(0).device)
+                plan = launch_plan.plan_for_bucket(bs, self._kd_graph_converter.max_tree, self._kd_graph_context, heads,
+                                                   sm_count, capability)
+                self._kd_plans[key] = (launch_plan.variant_name(plan.variant), plan.num_splits)
+            return self._kd_plans[key]
 
         # -- attention -----------------------------------------------------------------------
         def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
@@ -169,10 +240,14 @@ def make_backend_class(parent: type) -> type:
             if out is None:
                 out = q.new_empty((q.shape[0], heads * LATENT_DIM))
             meta = self._kd_meta
-            op = self.verify_op or _kernel_op()
-            op(q.reshape(-1, heads, QK_DIM).contiguous(), buf.view(buf.shape[0], QK_DIM), meta.qo_indptr,
-               meta.kv_indptr, meta.kv_indices, meta.tree_mask, float(layer.scaling),
-               out=out.view(-1, heads, LATENT_DIM))
+            args = (q.reshape(-1, heads, QK_DIM).contiguous(), buf.view(buf.shape[0], QK_DIM), meta.qo_indptr,
+                    meta.kv_indptr, meta.kv_indices, meta.tree_mask, float(layer.scaling))
+            if self._kd_graph_bs is None:
+                (self.verify_op or _kernel_op())(*args, out=out.view(-1, heads, LATENT_DIM))
+            else:
+                variant, splits = self.kd_graph_plan(self._kd_graph_bs, heads)
+                (self.graph_op or _kernel_launch())(*args, out=out.view(-1, heads, LATENT_DIM), variant=variant,
+                                                     num_splits=splits)
             return out
 
     KdtreeTritonAttnBackend.__qualname__ = KdtreeTritonAttnBackend.__name__
@@ -183,6 +258,20 @@ def _kernel_op():
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
 
     return tree_verify_mla
+
+
+def _kernel_launch():
+    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+
+    return launch
+
+
+def _device_facts(device) -> tuple[int, tuple[int, int]]:
+    """(SM count, capability) of a device; an H200's on the CPU (tests: the plan is only shapes)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return 132, (9, 0)
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, (props.major, props.minor)
 
 
 _class_cache: dict[type, type] = {}

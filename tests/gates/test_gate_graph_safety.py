@@ -40,6 +40,17 @@ def test_summarize_capture_failure_sync_and_allocations_fail():
     assert "host sync during capture" in r.summary and "3 allocations" in r.summary
 
 
+def test_summarize_replay_allocations_fail_and_pool_allocations_are_recorded():
+    r = summarize(SPEC, [CaseReport(name="step", replays=4, pool_allocations=40),
+                         CaseReport(name="launch", replays=4, replay_allocations=2)])
+    assert r.outcome is Outcome.FAILED
+    assert fig(r, "allocations_in_replay").value == 2 and not fig(r, "allocations_in_replay").ok
+    assert fig(r, "pool_allocations_in_capture").value == 40 and fig(r, "pool_allocations_in_capture").ok is None
+    assert "launch: 2 allocations during 4 replays" in r.summary
+    clean = summarize(SPEC, [CaseReport(name="step", replays=4, pool_allocations=40)])
+    assert clean.outcome is Outcome.PASSED and fig(clean, "allocations_in_capture").value == 0
+
+
 def test_summarize_replay_mismatch_fails():
     r = summarize(SPEC, [CaseReport(name="a", replays=4, worst_rel_l2=0.3, problems=["seed 1: mismatch"])])
     assert r.outcome is Outcome.FAILED and "mismatch" in r.summary
@@ -112,6 +123,17 @@ def test_gpu_allocation_in_capture_fails():
 
     r = check_graph_safety(SPEC, [CASE], allocating, GPU_CTX)
     assert r.outcome is Outcome.FAILED and fig(r, "allocations_in_capture").value > 0
+
+
+@pytest.mark.gpu
+def test_gpu_a_case_allowed_to_allocate_from_the_graph_pool_passes():
+    def allocating(inputs, outputs):
+        outputs["y"].copy_(inputs["a"] * inputs["b"] + inputs["a"])
+
+    case = GraphCase("pool", _inputs, _outputs, allow_capture_allocations=True)
+    r = check_graph_safety(SPEC, [case], allocating, GPU_CTX)
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert fig(r, "pool_allocations_in_capture").value > 0 and fig(r, "allocations_in_replay").value == 0
 
 
 @pytest.mark.gpu

@@ -2,7 +2,13 @@
 
 They have the interface `kdtree.integrations.sglang.backend` relies on, taken from SGLang's
 source: ``TritonAttnBackend.__init__(model_runner, ...)`` / ``init_forward_metadata`` /
-``init_forward_metadata_out_graph`` / ``init_forward_metadata_in_graph`` / ``_set_kv_buffer`` /
+``init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None)`` /
+``init_forward_metadata_out_graph(forward_batch, in_capture=False)`` (fills the graph's static
+buffers as SGLang's ``_update_target_verify_buffers`` does: int32 qo/kv indptr, the prefixes packed
+from index 0 of an int64 ``max_num_tokens x max_context_len`` kv_indices buffer, the masks from
+index 0 of a uint8 ``max_bs x N x (max_context_len + N)`` buffer, int64 mask_indptr; it sets
+``forward_metadata`` at capture only, a replay reuses it) / ``init_forward_metadata_in_graph`` /
+``get_cuda_graph_seq_len_fill_value`` (1) / ``_set_kv_buffer`` /
 ``forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors)``,
 ``forward_metadata`` fields, ``KVWriteLoc.for_batch``, ``ForwardMode.is_target_verify``,
 ``MLATokenToKVPool.get_key_buffer`` ([S + 1, 1, 576]) and ``RadixAttention``'s attributes.
@@ -61,7 +67,9 @@ class TritonAttnBackend:
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.num_draft_tokens = model_runner.num_draft_tokens
+        self.target_verify_num_tokens_per_req = model_runner.num_draft_tokens
         self.max_context_len = 4096
+        self.graph_state = None
         self.forward_metadata = None
         self.calls: list[tuple] = []
 
@@ -74,11 +82,42 @@ class TritonAttnBackend:
             custom_mask=fx["custom_mask"] if verify else None, mask_indptr=fx["mask_indptr"] if verify else None,
             swa_out_cache_loc=None)
 
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None):
+        self.calls.append(("init_cuda_graph_state", max_bs, max_num_tokens))
+        n = self.target_verify_num_tokens_per_req
+        dev = self.token_to_kv_pool.kv_buffer[0].device
+        self.graph_state = SimpleNamespace(
+            qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.int64, device=dev)
+            if kv_indices_buf is None else kv_indices_buf,
+            mask=torch.zeros(max_bs * n * (self.max_context_len + n), dtype=torch.uint8, device=dev),
+            mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64, device=dev))
+
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         self.calls.append(("init_forward_metadata_out_graph", forward_batch, in_capture))
+        g = self.graph_state
+        if g is None or not forward_batch.forward_mode.is_target_verify():
+            return
+        fx = forward_batch.fixture
+        bs = fx["qo_indptr"].numel() - 1
+        g.qo_indptr[: bs + 1] = fx["qo_indptr"].to(torch.int32)
+        g.kv_indptr[: bs + 1] = fx["kv_indptr"]
+        g.kv_indices.zero_()
+        g.kv_indices[: fx["kv_indices"].numel()] = fx["kv_indices"]
+        g.mask.fill_(1)  # stale cells past the batch's blocks
+        g.mask[: fx["custom_mask"].numel()] = fx["custom_mask"].to(torch.uint8)
+        g.mask_indptr[: bs + 1] = fx["mask_indptr"]
+        if in_capture:
+            self.forward_metadata = SimpleNamespace(
+                qo_indptr=g.qo_indptr[: bs + 1], kv_indptr=g.kv_indptr[: bs + 1], kv_indices=g.kv_indices,
+                custom_mask=g.mask, mask_indptr=g.mask_indptr[: bs + 1], swa_out_cache_loc=None)
 
     def init_forward_metadata_in_graph(self, forward_batch):
         self.calls.append(("init_forward_metadata_in_graph", forward_batch))
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
 
     def _set_kv_buffer(self, forward_batch, layer, loc_info, k, v, k_scale=None, v_scale=None):
         self.token_to_kv_pool.kv_buffer[layer.layer_id][loc_info.loc] = k

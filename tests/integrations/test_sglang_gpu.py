@@ -90,11 +90,18 @@ def test_sglang_kit_mla_eagle_verify_runs_on_our_kernel(topk, draft):
     assert cls.kd_kernel_calls > before, "the kit's verify did not reach the kernel path"
 
 
-def test_sglang_kit_mla_eagle_verify_cuda_graph_stays_correct():
-    """Graph batches take the parent's path in phase 2 (phase 3 captures the kernel): still correct."""
+def test_sglang_kit_mla_eagle_verify_cuda_graph_runs_on_our_kernel():
+    """The kit's CUDA-graph case (init_cuda_graph_state, out_graph at capture, in_graph, the
+    capture forward; the replay view's out_graph + in_graph and forward, padded to the capture
+    batch) goes through the kernel with the bucket's plan and matches the kit's reference."""
     ForwardMode, MLAAttentionCase, runner = _kit()
     plugin.register()
+    from kdtree.integrations.sglang.backend import backend_class
+
+    cls = backend_class()
+    before = cls.kd_kernel_calls
     case = MLAAttentionCase(name="kdtree_mla_verify_graph", backend="triton", forward_mode=ForwardMode.TARGET_VERIFY,
                             num_heads=16, page_size=1, prefix_lens=(37, 300), extend_lens=(4, 4))
     runner.run_mla_eagle_verify_cuda_graph_case(unittest.TestCase(), case, topk=1, kv_lora_rank=512,
                                                 qk_rope_head_dim=64, dtype=torch.bfloat16, max_context_len=1024)
+    assert cls.kd_kernel_calls > before, "the kit's graph verify did not reach the kernel path"
