@@ -10,19 +10,21 @@ ln -sfn ../integrations "$(dirname "$0")/../kdtree/integrations"
 OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
 LOG="$OUT/phase3.log"
 START=$(date +%s)
+BUDGET=${PHASE3_BUDGET:-560}  # seconds for the whole call; the run gets up to 330 of them
+RUN_LIMIT=$(( BUDGET - 60 < 330 ? BUDGET - 60 : 330 ))
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$LOG"
 
 # the run first, so its record comes back whatever the tests do
-timeout 330 python3 -m kdtree.orchestrator --repo . run phase3 --device cuda --force 2>&1 | tail -60 | tee -a "$LOG"
+timeout "$RUN_LIMIT" python3 -m kdtree.orchestrator --repo . run phase3 --device cuda --force 2>&1 | tail -60 | tee -a "$LOG"
 newest=$(ls -t plans/results/phase3/2*.json 2>/dev/null | head -1)
 [ -n "$newest" ] && cp "$newest" "$OUT/"
 cp plans/0002-sm120-verify-kernel-defrag.md "$OUT/" 2>/dev/null
 
-# then phase 3's GPU tests with what is left of 560 s
-LEFT=$(( 560 - ($(date +%s) - START) - 10 ))
+# then phase 3's GPU tests with what is left of the budget
+LEFT=$(( BUDGET - ($(date +%s) - START) - 10 ))
 if [ "$LEFT" -lt 30 ]; then
   echo "no time left for the GPU tests ($LEFT s)" | tee -a "$LOG"
 elif python3 -c "import pytest" 2>/dev/null; then
