@@ -54,6 +54,29 @@ class _StubModule(types.ModuleType):
         return value
 
 
+class _StubFinder:
+    """Finds any submodule of a stubbed package (``from sgl_kernel.utils import x`` at call time)."""
+
+    def __init__(self, roots: set[str]):
+        self.roots = roots
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname.split(".")[0] not in self.roots:
+            return None
+        import importlib.machinery  # noqa: PLC0415
+
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        return _StubModule(spec.name)
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+_finder = _StubFinder(set())
+
+
 def import_with_stubs(names: list[str], max_stubs: int = 30) -> tuple[list[types.ModuleType], list[str]]:
     """Import ``names``; on a missing third-party module, stub it and retry. Returns the modules
     and the stubbed module names, in the order they were found missing."""
@@ -69,6 +92,9 @@ def import_with_stubs(names: list[str], max_stubs: int = 30) -> tuple[list[types
             for part in _parents(missing):
                 if part not in sys.modules:
                     sys.modules[part] = _StubModule(part)
+            _finder.roots.add(top)
+            if _finder not in sys.meta_path:
+                sys.meta_path.append(_finder)
             stubbed.append(missing)
 
 
