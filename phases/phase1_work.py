@@ -153,7 +153,8 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
 
     from kdtree.engine import build_model, generate  # noqa: PLC0415
     from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
-    from kdtree.phases.phase1_tokens import counted_backend, decoy_step, margin_fraction, same_length  # noqa: PLC0415
+    from kdtree.phases.phase1_tokens import (  # noqa: PLC0415
+        counted_backend, decoy_step, margin_fraction, probe_model, same_length, screened_step)
 
     if op_under_test is None:
         from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
@@ -192,6 +193,16 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
                          sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
     details["decoy_reference_emitted"] = ref_step.emitted
+    if spec.screen is not None:
+        ctx.progress(f"screened verify step with {backend}", 0.9)
+        name, log = counted_backend(backend, op_under_test)
+        screened = screened_step(probe_model(model.device, rng.getrandbits(31)), reference_backend, name, prompts,
+                                 spec.screen, rng, on_round=log.mark_step)
+        same_length("screened verify", screened.candidate, screened.reference)
+        streams += [Stream(f"p{i}", "scale-screen", c, r)
+                    for i, (c, r) in enumerate(zip(screened.candidate, screened.reference)) if r]
+        runs.append(RunStats("scale-screen", log.steps, sensitive=screened.sensitive))
+        details["scale_screen"] = screened.details
     details["decoy_path_len"] = decoy_path
     result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)
