@@ -1,9 +1,17 @@
-"""Phase 1's token-exact runs: counted op calls, speculative runs against greedy, decoy verify steps.
+"""Phase 1's token-exact runs: counted op calls, speculative runs against greedy, decoy verify steps,
+screened verify steps.
 
 Built on the engine's own seams: `kdtree.engine.register_backend` (the gate registers the
 candidate backend wrapped by `CountedBackend` under a name of its own), `generate` (its
 ``on_step`` marks step boundaries), and `kdtree.engine.speculative.Runner` (prefill and one
 verify step on trees the gate builds, `phase1_trees.decoy_tree`).
+
+`screened_step` is the run that makes small softmax-scale errors visible in tokens: on a model
+with a scale probe (`probe_model`, `kdtree.engine.weights.add_scale_probe`) it keeps the verify
+nodes whose reference decision stands clear of rounding noise (`DitheredAttention`) and counts
+those that the reference itself, with its scale off by a few percent (`ScaledAttention`),
+decides otherwise. Only the reference is perturbed; the candidate is run once per round, on
+trees and prompts that are fresh every trial, like any verify step.
 
 `CountedBackend` wraps a backend instance: the op under test is wrapped to count its calls, and
 a verify forward's op calls count only when what the forward returns is what the op returned
@@ -262,8 +270,8 @@ class ScreenResult:
 
 def screened_step(model, reference: str, candidate: str, prompts: list[list[int]], screen, rng: random.Random,
                   on_round: Optional[Callable[[], None]] = None) -> ScreenResult:
-    """Prefill `prompts` with `reference`, then verify forwards over fresh random trees
-    (`screen.tree_nodes` nodes per prompt) through the reference, the reference with the softmax
+    """Prefill `prompts` with `reference`, then verify forwards over fresh random trees (3/4 to
+    all of `screen.tree_nodes` nodes per prompt) through the reference, the reference with the softmax
     scale off by ``1 +- screen.scale_drift``, ``screen.noise_draws`` dithered references
     (`DitheredAttention`, ``screen.noise_ulps``) and the candidate (`gates.spec.DecisionScreenSpec`),
     one round after another until every drift has ``screen.min_sensitive`` sensitive nodes or
@@ -287,8 +295,11 @@ def screened_step(model, reference: str, candidate: str, prompts: list[list[int]
     labels = [f"{sign * screen.scale_drift:+.0%}" for sign in (1, -1)]
     result = ScreenResult([[] for _ in prompts], [[] for _ in prompts], dict.fromkeys(labels, 0), {"rounds": []})
     for _ in range(screen.max_rounds):
-        trees = [random_tree(r.output[0], nodes, model.config.vocab_size, rng) for r in requests]
-        row = _screen_round(model, get_backend(reference), get_backend(candidate), pool, prefix, trees, slots,
+        # sizes vary per request and round (3/4 to all of tree_nodes): no fixed shape marks the gate
+        trees = [random_tree(r.output[0], rng.randint(max(2, 3 * nodes // 4), nodes), model.config.vocab_size, rng)
+                 for r in requests]
+        used = slots[: sum(len(t[0]) for t in trees)]
+        row = _screen_round(model, get_backend(reference), get_backend(candidate), pool, prefix, trees, used,
                             screen, rng, labels, result)
         result.details["rounds"].append(row)
         if on_round is not None:
@@ -308,7 +319,6 @@ def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, 
     def logits(backend):
         return tree_logits(model, backend, pool, prefix, trees, slots).cpu()
 
-    nodes = len(trees[0][0])
     base = logits(ref)
     winners = base.argmax(-1)
     margin = margins_against(base, winners)
@@ -327,8 +337,10 @@ def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, 
         row[f"sensitive {label}"] = int(flips.sum())
         row[f"candidate took the {label} token"] = int((flips & (cand == lg.argmax(-1))).sum())
         result.sensitive[label] += int(flips.sum())
-    for b in range(len(trees)):
-        rows = [i for i in range(b * nodes, (b + 1) * nodes) if kept[i]]
-        result.candidate[b] += [int(cand[i]) for i in rows]
-        result.reference[b] += [int(winners[i]) for i in rows]
+    start, keep, cand_l, ref_l = 0, kept.tolist(), cand.tolist(), winners.tolist()
+    for b, (tokens, _) in enumerate(trees):
+        rows = [i for i in range(start, start + len(tokens)) if keep[i]]
+        start += len(tokens)
+        result.candidate[b] += [cand_l[i] for i in rows]
+        result.reference[b] += [ref_l[i] for i in rows]
     return row

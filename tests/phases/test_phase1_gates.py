@@ -323,16 +323,7 @@ def test_token_exact_gate_fails_a_backend_that_never_calls_the_op():
     assert "had a step with 0 op calls" in r.summary and "did not come from the op" in r.summary
 
 
-def test_a_three_percent_scale_drift_passes_without_the_screen():
-    # What the gate had before the screened run: greedy margins of the engine's model are wide by
-    # design (so bf16 noise never flips a token), so a 3 % temperature error moves the decoy step's
-    # logits by ~2 % of the margin, as much as the CUDA kernel moved them on the H200 (0.017).
-    spec = phase1_kernel.SPEC.gate("token_exact").model_copy(update={**_TOKEN_SPEC, "screen": None})
-    r = run_check(spec, lambda s, c: phase1_work.check_token_exact(
-        s, c, backend=_op_backend("drift3-noscreen", _scale_drift_op), device="cpu", drafters=(("ngram", 8),),
-        op_under_test=_scale_drift_op, reference_backend="torch", decoy_path=12), _ctx())
-    assert r.outcome is Outcome.PASSED, r.summary
-    assert 0 < _runs(r)["decoy"]["margin_fraction"] < 0.25
+def test_a_three_percent_scale_drift_fails_the_accuracy_gate_too():
     acc = _accuracy(_scale_drift_op)
     assert acc.outcome is Outcome.FAILED and any("lse: max-abs" in p for p in _problems(acc))
 
@@ -343,9 +334,12 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
     def drift(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
         return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale * factor, out=out, lse=lse)
 
+    # Greedy margins of the engine's model are wide by design (so bf16 noise never flips a token):
+    # the drafted and decoy runs keep every token, and the decoy logits move by ~2 % of the margin,
+    # as much as the CUDA kernel moved them on the H200 (0.017). Only the screened run sees it.
     r = _token_exact(_op_backend(f"drift{factor}-test", drift), drift)
     assert r.outcome is Outcome.FAILED, r.summary
-    assert {d["run"] for d in r.details["divergences"]} == {"scale-screen"}, r.summary  # only there
+    assert {d["run"] for d in r.details["divergences"]} == {"scale-screen"}, r.summary
     assert "(scale-screen): first divergence" in r.summary
     screen = r.details["scale_screen"]
     label = "+2%" if factor > 1 else "-2%"
