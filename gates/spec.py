@@ -89,7 +89,7 @@ class DecisionScreenSpec(_Strict):
 
     scale_drift: float = Field(0.02, gt=0, lt=0.5)  # relative, applied as (1 + d) and (1 - d)
     noise_ulps: float = Field(1.0, gt=0)  # uniform noise amplitude per output element
-    noise_draws: int = Field(3, ge=1)
+    noise_draws: int = Field(12, ge=1)  # per-node noise in bf16 is bimodal: few draws miss its large mode
     noise_multiple: float = Field(4.0, ge=1)  # margins kept above this many times the noise
     tree_nodes: int = Field(256, ge=2, le=1024)  # per prompt
     min_sensitive: int = Field(8, ge=1)  # sensitive decisions per sign of the drift

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from kdtree.gates.base import Figure, GateContext, GateResult, verdict
 from kdtree.gates.spec import TokenExactGateSpec
@@ -111,22 +111,62 @@ def _fmt_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} at {k}" for k, v in counts.items())
 
 
-def _bound(field: str, limit, op: str, figure: str, rows: list[dict[str, Any]], key: str, missing: str,
-           figures: list[Figure], parts: list[str], describe, lead: str, tail: str = "") -> None:
-    """Hold ``row[key]`` of every run that measured it to ``op limit`` (skipped when ``limit`` is
-    None): one figure with the worst value, and a reason naming up to three runs that miss it. A
-    limit that no run measured is an error (ValueError), never a pass."""
+@dataclass(frozen=True)
+class _Bound:
+    """A figure of each run (``row[key]``) held to the spec's limit ``field`` with ``op``."""
+
+    field: str  # dotted path into the spec; None there: not checked
+    op: str
+    figure: str
+    key: str
+    missing: str  # what no run measured, for the error
+    lead: str
+    describe: Callable[[dict[str, Any], Any], str]  # (row, limit) -> one run's miss
+    tail: str = ""
+
+
+_BOUNDS = (
+    _Bound("min_op_calls_per_step", ">=", "min_op_calls_per_step", "min_op_calls_per_step",
+           "no run counted the op's calls", "the op under test was not called in every step: ",
+           lambda row, limit: f"run {row['run']!r} had a step with {row['min_op_calls_per_step']} op calls (< {limit})",
+           " - its tokens did not come from the op"),
+    _Bound("max_accept_rel_diff", "<=", "worst_accept_rel_diff", "accept_rel_diff",
+           "no run measured accepted lengths on both sides",
+           "mean accepted length per step differs from the reference's: ",
+           lambda row, limit: f"run {row['run']!r}: {row['candidate_accepted']:.3g} vs {row['reference_accepted']:.3g} "
+                              f"({row['accept_rel_diff']:.3g} > {limit:g})"),
+    _Bound("max_margin_fraction", "<=", "worst_margin_fraction", "margin_fraction",
+           "no run compared logits with the reference",
+           "logits drift from the reference's by a large part of the greedy margin: ",
+           lambda row, limit: f"run {row['run']!r}: {row['margin_fraction']:.3g} of the margin (> {limit:g})"),
+    _Bound("screen.min_sensitive", ">=", "min_sensitive_decisions", "min_sensitive",
+           "no run screened decisions", "too few screened decisions hinge on a small scale error: ",
+           lambda row, limit: f"run {row['run']!r} found {row['min_sensitive']} ({_fmt_counts(row['sensitive'])}, "
+                              f"< {limit} for some sign)",
+           " - the screened run cannot show that such an error changes tokens; screen more decisions"),
+)
+
+
+def _hold(bound: _Bound, spec: TokenExactGateSpec, rows: list[dict[str, Any]], figures: list[Figure],
+          parts: list[str]) -> None:
+    """One figure with the worst value over the runs that measured ``bound.key``, and a reason
+    naming up to three runs that miss the limit. A limit that no run measured is an error
+    (ValueError), never a pass."""
+    limit: Any = spec
+    for name in bound.field.split("."):
+        limit = getattr(limit, name) if limit is not None else None
     if limit is None:
         return
-    measured = [row for row in rows if key in row]
+    measured = [row for row in rows if bound.key in row]
     if not measured:
-        raise ValueError(f"spec.{field} is set but {missing}")
-    values = [row[key] for row in measured]
-    worst = max(values) if op == "<=" else min(values)
-    figures.append(Figure(name=figure, value=worst, op=op, threshold=limit))
-    off = [row for row in measured if not (row[key] <= limit if op == "<=" else row[key] >= limit)]
+        raise ValueError(f"spec.{bound.field} is set but {bound.missing}")
+    values = [row[bound.key] for row in measured]
+    worst = max(values) if bound.op == "<=" else min(values)
+    figures.append(Figure(name=bound.figure, value=worst, op=bound.op, threshold=limit))
+    off = [row for row in measured
+           if not (row[bound.key] <= limit if bound.op == "<=" else row[bound.key] >= limit)]  # NaN misses
     if off:
-        parts.append(lead + "; ".join(describe(row, limit) for row in off[:3]) + tail)
+        parts.append(bound.lead + "; ".join(bound.describe(row, limit) for row in off[:3]) + bound.tail)
 
 
 def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, tuple[Any, Any, Any]]],
@@ -137,7 +177,8 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
     ``prompts`` (distinct, ``>= spec.min_prompts``), ``streams``, and when the spec asks for them
     ``min_op_calls_per_step`` (fewest op calls in any step of any run that counted them),
     ``worst_accept_rel_diff``, ``worst_margin_fraction`` and ``min_sensitive_decisions`` (fewest
-    screened decisions a run's perturbation flips, over its perturbations). Details: ``divergences`` (one row per diverging stream),
+    screened decisions a run's perturbation flips, over its perturbations). Details:
+    ``divergences`` (one row per diverging stream),
     ``empty_references``, ``tokens_compared``, ``runs`` (one row per `RunStats`).
     """
     seen: set[tuple[str, str]] = set()
@@ -181,25 +222,8 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
         parts.append(f"{len(empty)} streams have an empty reference ({', '.join(empty[:5])})")
 
     run_rows = [_run_row(r) for r in runs]
-    _bound("min_op_calls_per_step", spec.min_op_calls_per_step, ">=", "min_op_calls_per_step", run_rows, "min_op_calls_per_step",
-           "no run counted the op's calls", figures, parts,
-           lambda row, limit: f"run {row['run']!r} had a step with {row['min_op_calls_per_step']} op calls (< {limit})",
-           "the op under test was not called in every step: ", " - its tokens did not come from the op")
-    _bound("max_accept_rel_diff", spec.max_accept_rel_diff, "<=", "worst_accept_rel_diff", run_rows, "accept_rel_diff",
-           "no run measured accepted lengths on both sides", figures, parts,
-           lambda row, limit: f"run {row['run']!r}: {row['candidate_accepted']:.3g} vs {row['reference_accepted']:.3g} "
-                              f"({row['accept_rel_diff']:.3g} > {limit:g})",
-           "mean accepted length per step differs from the reference's: ")
-    _bound("max_margin_fraction", spec.max_margin_fraction, "<=", "worst_margin_fraction", run_rows, "margin_fraction",
-           "no run compared logits with the reference", figures, parts,
-           lambda row, limit: f"run {row['run']!r}: {row['margin_fraction']:.3g} of the margin (> {limit:g})",
-           "logits drift from the reference's by a large part of the greedy margin: ")
-    _bound("screen.min_sensitive", spec.screen.min_sensitive if spec.screen is not None else None, ">=", "min_sensitive_decisions",
-           run_rows, "min_sensitive", "no run screened decisions", figures, parts,
-           lambda row, limit: f"run {row['run']!r} found {row['min_sensitive']} ({_fmt_counts(row['sensitive'])}, "
-                              f"< {limit} for some sign)",
-           "too few screened decisions hinge on a small scale error: ",
-           " - the screened run cannot show that such an error changes tokens; screen more decisions")
+    for bound in _BOUNDS:
+        _hold(bound, spec, run_rows, figures, parts)
     if not parts:
         parts.append(f"{exact}/{n} prompts token-exact over {len(seen)} streams ({compared} reference tokens)")
     return verdict(spec.name, spec.kind, figures, "; ".join(parts), divergences=divergences,

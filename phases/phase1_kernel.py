@@ -56,8 +56,8 @@ SPEC = PhaseSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32,
             min_exact_fraction=1.0, min_op_calls_per_step=4, max_accept_rel_diff=0.1,
             max_margin_fraction=0.25,
-            screen=DecisionScreenSpec(scale_drift=0.02, noise_ulps=1.0, noise_draws=3, noise_multiple=4.0,
-                                      tree_nodes=256, min_sensitive=8),
+            screen=DecisionScreenSpec(scale_drift=0.02, noise_ulps=1.0, noise_draws=12, noise_multiple=4.0,
+                                      tree_nodes=256, min_sensitive=8, max_rounds=3),
             description="greedy tree-verify decoding with the kernel == with the oracle, every prompt, "
                         "drafted trees and decoy trees (tokens change under a wrong tree mask); the "
                         "kernel called in every verify step (4 = the tiny model's layers); mean "
@@ -65,7 +65,7 @@ SPEC = PhaseSpec(
                         "1/4 of the greedy margin of the oracle's; on a model with a softmax-scale "
                         "probe, every greedy token of a random 256-node tree per prompt whose oracle "
                         "margin is > 4x what 1-ulp bf16 noise on every attention output moves it "
-                        "(max of 3 draws, at least the median) must be the oracle's, and >= 8 of "
+                        "(max of 12 draws, at least the median) must be the oracle's, and >= 8 of "
                         "them per sign must flip under a +-2 % scale error (by > 4x the noise too)"),
         SpeedupGateSpec(
             name="speedup", requires=["cuda", "triton"], baseline="triton",

@@ -307,7 +307,9 @@ def screened_step(model, reference: str, candidate: str, prompts: list[list[int]
         if min(result.sensitive.values()) >= screen.min_sensitive:
             break
     rounds = result.details["rounds"]
-    result.details.update({key: sum(r[key] for r in rounds) for key in rounds[0] if not key.endswith(("median", "max"))})
+    totals = [key for key in rounds[0] if not key.endswith(("median", "max"))]
+    result.details.update({key: sum(r[key] for r in rounds) for key in totals})
+    result.details["candidate_moved_max"] = max(r["candidate_moved_max"] for r in rounds)
     return result
 
 
@@ -323,14 +325,20 @@ def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, 
     winners = base.argmax(-1)
     margin = margins_against(base, winners)
     gen = torch.Generator(device=model.device).manual_seed(rng.getrandbits(63))
-    noise = torch.stack([(margins_against(logits(DitheredAttention(ref, screen.noise_ulps, gen)), winners) - margin).abs()
+    dithered = DitheredAttention(ref, screen.noise_ulps, gen)
+    noise = torch.stack([(margins_against(logits(dithered), winners) - margin).abs()
                          for _ in range(screen.noise_draws)]).amax(0)
     noise = torch.maximum(noise, noise.median())
     kept = margin > screen.noise_multiple * noise
-    drifted = {label: logits(ScaledAttention(ref, 1 + sign * screen.scale_drift)) for label, sign in zip(labels, (1, -1))}
-    cand = logits(cand_backend).argmax(-1)
+    drifted = {label: logits(ScaledAttention(ref, 1 + sign * screen.scale_drift))
+               for label, sign in zip(labels, (1, -1))}
+    cand_logits = logits(cand_backend)
+    cand = cand_logits.argmax(-1)
+    moved = (margins_against(cand_logits, winners) - margin).abs() / noise  # in units of the noise
     row = {"nodes": int(winners.numel()), "kept": int(kept.sum()), "noise_median": float(noise.median()),
            "noise_max": float(noise.max()), "margin_median": float(margin.median()),
+           "candidate_moved_max": float(moved[kept].max()) if bool(kept.any()) else 0.0,
+           "candidate_moved_median": float(moved[kept].median()) if bool(kept.any()) else 0.0,
            "kept nodes the candidate changed": int((kept & (cand != winners)).sum())}
     for label, lg in drifted.items():
         flips = kept & (margins_against(lg, winners) < -screen.noise_multiple * noise)
