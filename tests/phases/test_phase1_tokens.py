@@ -72,9 +72,10 @@ def _screen(model, reference, candidate, **update):
     return screened_step(model, reference, candidate, prompts, SCREEN.model_copy(update=update), rng)
 
 
+@pytest.mark.slow
 def test_the_probe_makes_a_two_percent_scale_error_flip_tokens_beyond_the_noise():
-    model = probe_model("cpu", 5)
-    r = _screen(model, "torch", "torch", tree_nodes=256, max_rounds=1, min_sensitive=1)
+    model = probe_model("cpu", 5)  # fp32: the margins respond smoothly to the dither, 4 draws suffice
+    r = _screen(model, "torch", "torch", tree_nodes=256, max_rounds=1, min_sensitive=1, noise_draws=4)
     (row,) = r.details["rounds"]
     assert row["kept"] > 0.9 * row["nodes"]  # few decisions are within 4x the noise
     assert min(r.sensitive.values()) >= 1, r.details  # some flip under +-2 % (by > 4x the noise)
