@@ -278,9 +278,10 @@ def add_scale_probe(model: torch.nn.Module, seed: int) -> None:
     prompt). ``d E_p[z] / d log(sm_scale) = PROBE_SOFTNESS * Var_p(z)``, 0.3-1 on contexts of
     5-80 keys, against a spread of E_p[z] of ~0.5: a 2 % scale error moves a decision's margin by
     ~0.35 logits (median), while 1-ulp bf16 noise on every attention output of the model moves it
-    by ~0.02 (fp32 model) to ~0.05 (bf16 model), medians measured on CPU over 1024 tree nodes.
-    Most greedy decisions then have margins of a few logits; about 1 % of them lie between 4x the
-    noise and what a 2 % scale error shifts, per sign: the phase-1 token-exact gate screens for them.
+    by ~0.02 (fp32 model) to ~0.05 (bf16 model), medians measured on CPU over 1024 tree nodes;
+    deeper contexts (more keys) are more sensitive. Most greedy decisions have margins of a few
+    logits; per sign about 1 % (fp32) or 0.3 % (bf16, trees of 1024 nodes) of them lie between 4x
+    the noise and what a 2 % scale error shifts: the phase-1 token-exact gate screens for them.
     Nothing else writes Z or D. Drawn from ``seed`` apart from `init_weights`: the circuit's own
     weights stay those of the plain model, which this function is never applied to by default.
     """

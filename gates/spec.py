@@ -91,7 +91,7 @@ class DecisionScreenSpec(_Strict):
     noise_ulps: float = Field(1.0, gt=0)  # uniform noise amplitude per output element
     noise_draws: int = Field(12, ge=1)  # per-node noise in bf16 is bimodal: few draws miss its large mode
     noise_multiple: float = Field(4.0, ge=1)  # margins kept above this many times the noise
-    tree_nodes: int = Field(256, ge=2, le=1024)  # per prompt
+    tree_nodes: int = Field(1024, ge=2, le=1024)  # per prompt, at most (3/4 to all of it); deep trees see more keys
     min_sensitive: int = Field(8, ge=1)  # sensitive decisions per sign of the drift
     max_rounds: int = Field(3, ge=1)  # screened verify steps at most
 

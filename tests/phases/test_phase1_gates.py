@@ -264,7 +264,7 @@ def _op_backend(name, op, verify_without_op=False):
 # in 10^4 runs); 4 noise draws: in fp32 the margins respond smoothly to the dither (12 are for bf16,
 # where a node's noise is bimodal: test_phase1_tokens.py)
 _TOKEN_SPEC = dict(requires=[], min_prompts=4, max_new_tokens=8,  # screen: 3 rounds at most
-                   screen=phase1_kernel.SPEC.gate("token_exact").screen.model_copy(update={"min_sensitive": 2, "noise_draws": 4}))
+                   screen=phase1_kernel.SPEC.gate("token_exact").screen.model_copy(update={"min_sensitive": 2, "noise_draws": 4, "tree_nodes": 256}))
 
 
 def _token_exact(name, op, screen=True):

@@ -88,14 +88,14 @@ def test_a_correct_bf16_candidate_keeps_every_screened_token():
     # The model in bf16: every linear layer rounds, as on the GPU. The candidate computes attention
     # in fp32 and rounds to bf16 (the torch backend, what a correct kernel does); the reference is
     # the fp64 oracle. Screened with the spec's margin (4x the noise of 1-ulp dither on every output).
-    # Measured on CPU in bf16 (384 nodes): the candidate's margin change reached at most 1.3x the
-    # noise estimate of 12 draws (q99 0.9x); with 3 draws up to 9x, as one node's noise in bf16 is
-    # bimodal (a few draws see a jump of ~0.25 logits, most ~0.03).
+    # Measured on CPU in bf16 (6 probe seeds, 384-1600 nodes each): the candidate's margin change
+    # reached at most 1.95x the noise estimate of 12 draws (median 0.1x); with 3 draws up to 9x, as
+    # one node's noise in bf16 is bimodal (a few draws see a jump of ~0.25 logits, most ~0.03).
     model = probe_model("cpu", 11).to(torch.bfloat16)
     r = _screen(model, "reference", "torch", tree_nodes=128, max_rounds=1, min_sensitive=1)
     assert r.details["kept nodes the candidate changed"] == 0, r.details
     assert r.details["kept"] > 0.8 * r.details["nodes"], r.details
-    assert r.details["candidate_moved_max"] < SCREEN.noise_multiple / 2, r.details  # half the kept margin at most
+    assert r.details["candidate_moved_max"] < SCREEN.noise_multiple * 0.6, r.details  # well inside the kept margin
 
 
 # -- on the GPU: the real kernel passes the whole gate, the same kernel with its scale 3 % off fails --
