@@ -73,6 +73,29 @@ class AccuracyGateSpec(GateSpecBase):
     max_lse_abs: float = Field(1e-2, gt=0)
 
 
+class DecisionScreenSpec(_Strict):
+    """Decisions screened with the reference alone, so that a small error of the op's softmax
+    scale changes tokens while rounding noise does not.
+
+    The phase draws fresh prompts and trees, and keeps every decision (a tree node's greedy
+    token) whose reference margin stays above ``noise_multiple`` times the margin change that
+    ``noise_draws`` draws of rounding-sized noise (``noise_ulps`` bf16 ulps on every op output)
+    cause there; a kept decision is *sensitive* when the reference itself, run with the scale
+    off by ``scale_drift`` (either sign), picks another token, by more than that noise too. The
+    candidate must reproduce the reference's token at every kept decision, and the screen must
+    find ``min_sensitive`` sensitive decisions for each sign: it screens fresh trees, up to
+    ``max_rounds`` verify steps, until it has.
+    """
+
+    scale_drift: float = Field(0.02, gt=0, lt=0.5)  # relative, applied as (1 + d) and (1 - d)
+    noise_ulps: float = Field(1.0, gt=0)  # uniform noise amplitude per output element
+    noise_draws: int = Field(12, ge=1)  # per-node noise in bf16 is bimodal: few draws miss its large mode
+    noise_multiple: float = Field(4.0, ge=1)  # margins kept above this many times the noise
+    tree_nodes: int = Field(1024, ge=2, le=1024)  # per prompt, at most (3/4 to all of it); deep trees see more keys
+    min_sensitive: int = Field(8, ge=1)  # sensitive decisions per sign of the drift
+    max_rounds: int = Field(3, ge=1)  # screened verify steps at most
+
+
 class TokenExactGateSpec(GateSpecBase):
     """Token streams (candidate, reference) per prompt and run must agree; first divergence
     reported. Optionally the op under test must have been called in every step, and the
@@ -85,6 +108,7 @@ class TokenExactGateSpec(GateSpecBase):
     min_op_calls_per_step: Optional[int] = Field(None, ge=1)  # in every step of every counted run
     max_accept_rel_diff: Optional[float] = Field(None, ge=0)  # |cand - ref| / ref, mean accepted
     max_margin_fraction: Optional[float] = Field(None, gt=0)  # logit drift / greedy margin, worst row
+    screen: Optional[DecisionScreenSpec] = None  # a screened run: see DecisionScreenSpec
 
 
 class SpeedupGateSpec(GateSpecBase):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from kdtree.gates.base import Figure, GateContext, GateResult, verdict
 from kdtree.gates.spec import TokenExactGateSpec
@@ -49,6 +49,7 @@ class RunStats:
     candidate_accepted: Optional[float] = None  # mean tokens accepted per step, candidate
     reference_accepted: Optional[float] = None  # the same for the reference
     margin_fraction: Optional[float] = None  # worst |logit drift| / greedy margin on shared inputs
+    sensitive: Optional[Mapping[str, int]] = None  # screened decisions the reference flips, per perturbation
 
 
 def _tokens(seq: Any) -> list[int]:
@@ -87,6 +88,87 @@ def _as_stream(item: Union[Stream, tuple]) -> Stream:
     return Stream(str(pid), "", cand, ref)
 
 
+def _run_row(r: RunStats) -> dict[str, Any]:
+    """One run's figures for the details (a key only where the run measured it)."""
+    row: dict[str, Any] = {"run": r.run}
+    if r.op_calls_per_step is not None:
+        counts = [int(c) for c in r.op_calls_per_step]
+        row.update(steps=len(counts), op_calls=sum(counts), min_op_calls_per_step=min(counts) if counts else 0,
+                   steps_without_op_calls=sum(c == 0 for c in counts))
+    if r.candidate_accepted is not None and r.reference_accepted is not None:
+        ref_acc = float(r.reference_accepted)
+        row.update(candidate_accepted=float(r.candidate_accepted), reference_accepted=ref_acc,
+                   accept_rel_diff=abs(float(r.candidate_accepted) - ref_acc) / ref_acc if ref_acc > 0 else math.inf)
+    if r.margin_fraction is not None:
+        row["margin_fraction"] = float(r.margin_fraction)
+    if r.sensitive is not None:
+        row["sensitive"] = {str(k): int(v) for k, v in r.sensitive.items()}
+        row["min_sensitive"] = min(row["sensitive"].values()) if row["sensitive"] else 0
+    return row
+
+
+def _fmt_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v} at {k}" for k, v in counts.items())
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A figure of each run (``row[key]``) held to the spec's limit ``field`` with ``op``."""
+
+    field: str  # dotted path into the spec; None there: not checked
+    op: str
+    figure: str
+    key: str
+    missing: str  # what no run measured, for the error
+    lead: str
+    describe: Callable[[dict[str, Any], Any], str]  # (row, limit) -> one run's miss
+    tail: str = ""
+
+
+_BOUNDS = (
+    _Bound("min_op_calls_per_step", ">=", "min_op_calls_per_step", "min_op_calls_per_step",
+           "no run counted the op's calls", "the op under test was not called in every step: ",
+           lambda row, limit: f"run {row['run']!r} had a step with {row['min_op_calls_per_step']} op calls (< {limit})",
+           " - its tokens did not come from the op"),
+    _Bound("max_accept_rel_diff", "<=", "worst_accept_rel_diff", "accept_rel_diff",
+           "no run measured accepted lengths on both sides",
+           "mean accepted length per step differs from the reference's: ",
+           lambda row, limit: f"run {row['run']!r}: {row['candidate_accepted']:.3g} vs {row['reference_accepted']:.3g} "
+                              f"({row['accept_rel_diff']:.3g} > {limit:g})"),
+    _Bound("max_margin_fraction", "<=", "worst_margin_fraction", "margin_fraction",
+           "no run compared logits with the reference",
+           "logits drift from the reference's by a large part of the greedy margin: ",
+           lambda row, limit: f"run {row['run']!r}: {row['margin_fraction']:.3g} of the margin (> {limit:g})"),
+    _Bound("screen.min_sensitive", ">=", "min_sensitive_decisions", "min_sensitive",
+           "no run screened decisions", "too few screened decisions hinge on a small scale error: ",
+           lambda row, limit: f"run {row['run']!r} found {row['min_sensitive']} ({_fmt_counts(row['sensitive'])}, "
+                              f"< {limit} for some sign)",
+           " - the screened run cannot show that such an error changes tokens; screen more decisions"),
+)
+
+
+def _hold(bound: _Bound, spec: TokenExactGateSpec, rows: list[dict[str, Any]], figures: list[Figure],
+          parts: list[str]) -> None:
+    """One figure with the worst value over the runs that measured ``bound.key``, and a reason
+    naming up to three runs that miss the limit. A limit that no run measured is an error
+    (ValueError), never a pass."""
+    limit: Any = spec
+    for name in bound.field.split("."):
+        limit = getattr(limit, name) if limit is not None else None
+    if limit is None:
+        return
+    measured = [row for row in rows if bound.key in row]
+    if not measured:
+        raise ValueError(f"spec.{bound.field} is set but {bound.missing}")
+    values = [row[bound.key] for row in measured]
+    worst = max(values) if bound.op == "<=" else min(values)
+    figures.append(Figure(name=bound.figure, value=worst, op=bound.op, threshold=limit))
+    off = [row for row in measured
+           if not (row[bound.key] <= limit if bound.op == "<=" else row[bound.key] >= limit)]  # NaN misses
+    if off:
+        parts.append(bound.lead + "; ".join(bound.describe(row, limit) for row in off[:3]) + bound.tail)
+
+
 def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, tuple[Any, Any, Any]]],
                       ctx: GateContext, runs: Iterable[RunStats] = ()) -> GateResult:
     """Compare every stream; see the module docstring.
@@ -94,7 +176,9 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
     Figures: ``exact_fraction`` (key, prompts exact in every run, ``>= spec.min_exact_fraction``),
     ``prompts`` (distinct, ``>= spec.min_prompts``), ``streams``, and when the spec asks for them
     ``min_op_calls_per_step`` (fewest op calls in any step of any run that counted them),
-    ``worst_accept_rel_diff`` and ``worst_margin_fraction``. Details: ``divergences`` (one row per diverging stream),
+    ``worst_accept_rel_diff``, ``worst_margin_fraction`` and ``min_sensitive_decisions`` (fewest
+    screened decisions a run's perturbation flips, over its perturbations). Details:
+    ``divergences`` (one row per diverging stream),
     ``empty_references``, ``tokens_compared``, ``runs`` (one row per `RunStats`).
     """
     seen: set[tuple[str, str]] = set()
@@ -137,60 +221,9 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
     if empty:
         parts.append(f"{len(empty)} streams have an empty reference ({', '.join(empty[:5])})")
 
-    run_rows = []
-    calls_seen: list[tuple[str, int]] = []
-    accept_seen: list[tuple[str, float]] = []
-    margin_seen: list[tuple[str, float]] = []
-    for r in runs:
-        row: dict[str, Any] = {"run": r.run}
-        if r.op_calls_per_step is not None:
-            counts = [int(c) for c in r.op_calls_per_step]
-            row.update(steps=len(counts), op_calls=sum(counts), min_op_calls_per_step=min(counts) if counts else 0,
-                       steps_without_op_calls=sum(c == 0 for c in counts))
-            calls_seen.append((r.run, min(counts) if counts else 0))
-        if r.candidate_accepted is not None and r.reference_accepted is not None:
-            ref_acc = float(r.reference_accepted)
-            diff = abs(float(r.candidate_accepted) - ref_acc) / ref_acc if ref_acc > 0 else math.inf
-            row.update(candidate_accepted=float(r.candidate_accepted), reference_accepted=ref_acc,
-                       accept_rel_diff=diff)
-            accept_seen.append((r.run, diff))
-        if r.margin_fraction is not None:
-            row["margin_fraction"] = float(r.margin_fraction)
-            margin_seen.append((r.run, float(r.margin_fraction)))
-        run_rows.append(row)
-    if spec.min_op_calls_per_step is not None:
-        if not calls_seen:
-            raise ValueError("spec.min_op_calls_per_step is set but no run counted the op's calls")
-        fewest = min(c for _, c in calls_seen)
-        figures.append(Figure(name="min_op_calls_per_step", value=fewest, op=">=",
-                              threshold=spec.min_op_calls_per_step))
-        short = [(run, c) for run, c in calls_seen if c < spec.min_op_calls_per_step]
-        if short:
-            parts.append("the op under test was not called in every step: " + "; ".join(
-                f"run {run!r} had a step with {c} op calls (< {spec.min_op_calls_per_step})" for run, c in short[:3])
-                + " - its tokens did not come from the op")
-    if spec.max_accept_rel_diff is not None:
-        if not accept_seen:
-            raise ValueError("spec.max_accept_rel_diff is set but no run measured accepted lengths on both sides")
-        worst = max(d for _, d in accept_seen)
-        figures.append(Figure(name="worst_accept_rel_diff", value=worst, op="<=",
-                              threshold=spec.max_accept_rel_diff))
-        off = [(run, d) for run, d in accept_seen if not d <= spec.max_accept_rel_diff]
-        if off:
-            rows = {row["run"]: row for row in run_rows}
-            parts.append("mean accepted length per step differs from the reference's: " + "; ".join(
-                f"run {run!r}: {rows[run]['candidate_accepted']:.3g} vs {rows[run]['reference_accepted']:.3g} "
-                f"({d:.3g} > {spec.max_accept_rel_diff:g})" for run, d in off[:3]))
-    if spec.max_margin_fraction is not None:
-        if not margin_seen:
-            raise ValueError("spec.max_margin_fraction is set but no run compared logits with the reference")
-        worst_m = max(m for _, m in margin_seen)
-        figures.append(Figure(name="worst_margin_fraction", value=worst_m, op="<=",
-                              threshold=spec.max_margin_fraction))
-        close = [(run, m) for run, m in margin_seen if not m <= spec.max_margin_fraction]
-        if close:
-            parts.append("logits drift from the reference's by a large part of the greedy margin: " + "; ".join(
-                f"run {run!r}: {m:.3g} of the margin (> {spec.max_margin_fraction:g})" for run, m in close[:3]))
+    run_rows = [_run_row(r) for r in runs]
+    for bound in _BOUNDS:
+        _hold(bound, spec, run_rows, figures, parts)
     if not parts:
         parts.append(f"{exact}/{n} prompts token-exact over {len(seen)} streams ({compared} reference tokens)")
     return verdict(spec.name, spec.kind, figures, "; ".join(parts), divergences=divergences,

@@ -1,9 +1,17 @@
-"""Phase 1's token-exact runs: counted op calls, speculative runs against greedy, decoy verify steps.
+"""Phase 1's token-exact runs: counted op calls, speculative runs against greedy, decoy verify steps,
+screened verify steps.
 
 Built on the engine's own seams: `kdtree.engine.register_backend` (the gate registers the
 candidate backend wrapped by `CountedBackend` under a name of its own), `generate` (its
 ``on_step`` marks step boundaries), and `kdtree.engine.speculative.Runner` (prefill and one
 verify step on trees the gate builds, `phase1_trees.decoy_tree`).
+
+`screened_step` is the run that makes small softmax-scale errors visible in tokens: on a model
+with a scale probe (`probe_model`, `kdtree.engine.weights.add_scale_probe`) it keeps the verify
+nodes whose reference decision stands clear of rounding noise (`DitheredAttention`) and counts
+those that the reference itself, with its scale off by a few percent (`ScaledAttention`),
+decides otherwise. Only the reference is perturbed; the candidate is run once per round, on
+trees and prompts that are fresh every trial, like any verify step.
 
 `CountedBackend` wraps a backend instance: the op under test is wrapped to count its calls, and
 a verify forward's op calls count only when what the forward returns is what the op returned
@@ -161,3 +169,186 @@ def margin_fraction(candidate_logits, reference_logits) -> float:
     margin = (top2[:, 0] - top2[:, 1]).clamp_min(1e-12)
     drift = (candidate_logits - reference_logits).abs().amax(dim=-1)
     return float(torch.max(drift / margin))
+
+
+# -- screened decisions: verify nodes a small softmax-scale error flips, bf16 noise does not ------
+class ScaledAttention:
+    """A backend that passes ``sm_scale * factor`` to `inner` (the gate's perturbed reference)."""
+
+    def __init__(self, inner, factor: float):
+        self._inner, self.factor = inner, float(factor)
+
+    def __getattr__(self, item):
+        return getattr(self._inner, item)
+
+    def forward(self, q, kv_cache, meta, sm_scale):
+        return self._inner.forward(q, kv_cache, meta, sm_scale * self.factor)
+
+
+class DitheredAttention:
+    """A backend whose outputs are `inner`'s moved by uniform noise of ``ulps`` bf16 ulps per
+    element (then cast to the model's dtype): a kernel at least as noisy as bf16 rounding allows."""
+
+    def __init__(self, inner, ulps: float, generator):
+        self._inner, self.ulps, self._gen = inner, float(ulps), generator
+
+    def __getattr__(self, item):
+        return getattr(self._inner, item)
+
+    def forward(self, q, kv_cache, meta, sm_scale):
+        import torch  # noqa: PLC0415
+
+        out = self._inner.forward(q, kv_cache, meta, sm_scale)
+        x = out.float()
+        ulp = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)  # bf16: 8 significant bits
+        noise = torch.rand(x.shape, generator=self._gen, device=self._gen.device).to(x.device) * 2 - 1
+        return (x + noise * self.ulps * ulp).to(out.dtype)
+
+
+def random_tree(root: int, nodes: int, vocab: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of a random tree of `nodes` nodes: each node's parent drawn from the
+    last few nodes (deep, bushy trees), tokens uniform over the vocabulary."""
+    tokens, parents = [int(root)], [-1]
+    for t in range(1, nodes):
+        parents.append(rng.randrange(max(0, t - 4), t))
+        tokens.append(rng.randrange(vocab))
+    return tokens, parents
+
+
+def tree_logits(model, backend, pool, prefix: list[list[int]], trees: list[tuple[list[int], list[int]]], slots):
+    """fp32 logits [sum T_b, V] of one verify forward over `trees` (after `prefix` slots) through `backend`."""
+    from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
+    from kdtree.engine.speculative import Runner  # noqa: PLC0415
+
+    sizes = [len(t[0]) for t in trees]
+    starts = [sum(sizes[:b]) for b in range(len(trees))]
+    per_tree = [slots[s: s + n] for s, n in zip(starts, sizes)]
+    meta = verify_metadata(prefix, per_tree, [t[1] for t in trees], model.device)
+    positions = []
+    for p, (_, parents) in zip(prefix, trees):
+        depth = [0] * len(parents)
+        for i in range(1, len(depth)):
+            depth[i] = depth[parents[i]] + 1
+        positions += [len(p) + d for d in depth]
+    runner = Runner(model, pool, backend)
+    return runner.forward([tok for t in trees for tok in t[0]], positions, slots, meta).float()
+
+
+def margins_against(logits, winners):
+    """Per row: logit of `winners[row]` minus the best other logit (< 0 where another token wins)."""
+    import torch  # noqa: PLC0415
+
+    rows = torch.arange(logits.shape[0])
+    win = logits[rows, winners]
+    others = logits.clone()
+    others[rows, winners] = float("-inf")
+    return win - others.amax(-1)
+
+
+def probe_model(device, probe_seed: int):
+    """The gate's model for screened decisions: the engine's tiny circuit model (seed 0) with a
+    softmax-scale probe drawn from `probe_seed` (`kdtree.engine.weights.add_scale_probe`), in the
+    device's dtype (bf16 on CUDA)."""
+    from kdtree.engine.api import default_dtype  # noqa: PLC0415
+    from kdtree.engine.config import preset  # noqa: PLC0415
+    from kdtree.engine.model import MLAModel  # noqa: PLC0415
+    from kdtree.engine.weights import add_scale_probe, init_weights  # noqa: PLC0415
+
+    model = MLAModel(preset("tiny"))
+    init_weights(model, 0)
+    add_scale_probe(model, probe_seed)
+    return model.to(device=device, dtype=default_dtype(device)).eval().requires_grad_(False)
+
+
+@dataclass
+class ScreenResult:
+    candidate: list[list[int]]  # per prompt: the candidate's greedy token at each kept node
+    reference: list[list[int]]  # the reference's there
+    sensitive: dict[str, int]  # per drift ("+2%", "-2%"): kept nodes whose token it flips
+    details: dict[str, Any]
+
+
+def screened_step(model, reference: str, candidate: str, prompts: list[list[int]], screen, rng: random.Random,
+                  on_round: Optional[Callable[[], None]] = None) -> ScreenResult:
+    """Prefill `prompts` with `reference`, then verify forwards over fresh random trees (3/4 to
+    all of `screen.tree_nodes` nodes per prompt) through the reference, the reference with the softmax
+    scale off by ``1 +- screen.scale_drift``, ``screen.noise_draws`` dithered references
+    (`DitheredAttention`, ``screen.noise_ulps``) and the candidate (`gates.spec.DecisionScreenSpec`),
+    one round after another until every drift has ``screen.min_sensitive`` sensitive nodes or
+    ``screen.max_rounds`` rounds ran (`on_round` after each: a step boundary for the call log).
+
+    A node is kept when its reference margin exceeds ``screen.noise_multiple`` times its noise
+    (the largest margin change over the dithered draws, and never less than the median of that
+    over all nodes of the round); a kept node is sensitive to a drift when the drifted
+    reference's token there differs from the reference's by a margin beyond the same multiple
+    of the noise."""
+    from kdtree.engine import KVPool, get_backend  # noqa: PLC0415
+    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
+
+    nodes = screen.tree_nodes
+    requests = [Request(i, list(p), 10 ** 9) for i, p in enumerate(prompts)]
+    pool = KVPool(model.config.num_layers, sum(len(p) + 1 for p in prompts) + nodes * len(prompts) + 16,
+                  dtype=model.dtype, device=model.device)
+    Runner(model, pool, get_backend(reference)).prefill(requests)
+    prefix = [pool.slots(r.rid) for r in requests]
+    slots = pool.alloc(nodes * len(prompts)).tolist()
+    labels = [f"{sign * screen.scale_drift:+.0%}" for sign in (1, -1)]
+    result = ScreenResult([[] for _ in prompts], [[] for _ in prompts], dict.fromkeys(labels, 0), {"rounds": []})
+    for _ in range(screen.max_rounds):
+        # sizes vary per request and round (3/4 to all of tree_nodes): no fixed shape marks the gate
+        trees = [random_tree(r.output[0], rng.randint(max(2, 3 * nodes // 4), nodes), model.config.vocab_size, rng)
+                 for r in requests]
+        used = slots[: sum(len(t[0]) for t in trees)]
+        row = _screen_round(model, get_backend(reference), get_backend(candidate), pool, prefix, trees, used,
+                            screen, rng, labels, result)
+        result.details["rounds"].append(row)
+        if on_round is not None:
+            on_round()
+        if min(result.sensitive.values()) >= screen.min_sensitive:
+            break
+    rounds = result.details["rounds"]
+    totals = [key for key in rounds[0] if not key.endswith(("median", "max"))]
+    result.details.update({key: sum(r[key] for r in rounds) for key in totals})
+    result.details["candidate_moved_max"] = max(r["candidate_moved_max"] for r in rounds)
+    return result
+
+
+def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, rng, labels, result) -> dict:
+    """One screened verify forward set (see `screened_step`); adds its kept tokens and sensitive
+    counts to `result`, returns the round's figures."""
+    import torch  # noqa: PLC0415
+
+    def logits(backend):
+        return tree_logits(model, backend, pool, prefix, trees, slots).cpu()
+
+    base = logits(ref)
+    winners = base.argmax(-1)
+    margin = margins_against(base, winners)
+    gen = torch.Generator(device=model.device).manual_seed(rng.getrandbits(63))
+    dithered = DitheredAttention(ref, screen.noise_ulps, gen)
+    noise = torch.stack([(margins_against(logits(dithered), winners) - margin).abs()
+                         for _ in range(screen.noise_draws)]).amax(0)
+    noise = torch.maximum(noise, noise.median())
+    kept = margin > screen.noise_multiple * noise
+    drifted = {label: logits(ScaledAttention(ref, 1 + sign * screen.scale_drift))
+               for label, sign in zip(labels, (1, -1))}
+    cand_logits = logits(cand_backend)
+    cand = cand_logits.argmax(-1)
+    moved = (margins_against(cand_logits, winners) - margin).abs() / noise  # in units of the noise
+    row = {"nodes": int(winners.numel()), "kept": int(kept.sum()), "noise_median": float(noise.median()),
+           "noise_max": float(noise.max()), "margin_median": float(margin.median()),
+           "candidate_moved_max": float(moved[kept].max()) if bool(kept.any()) else 0.0,
+           "candidate_moved_median": float(moved[kept].median()) if bool(kept.any()) else 0.0,
+           "kept nodes the candidate changed": int((kept & (cand != winners)).sum())}
+    for label, lg in drifted.items():
+        flips = kept & (margins_against(lg, winners) < -screen.noise_multiple * noise)
+        row[f"sensitive {label}"] = int(flips.sum())
+        row[f"candidate took the {label} token"] = int((flips & (cand == lg.argmax(-1))).sum())
+        result.sensitive[label] += int(flips.sum())
+    start, keep, cand_l, ref_l = 0, kept.tolist(), cand.tolist(), winners.tolist()
+    for b, (tokens, _) in enumerate(trees):
+        rows = [i for i in range(start, start + len(tokens)) if keep[i]]
+        start += len(tokens)
+        result.candidate[b] += [cand_l[i] for i in rows]
+        result.reference[b] += [ref_l[i] for i in rows]
+    return row

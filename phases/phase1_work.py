@@ -147,13 +147,16 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     every verify step (`phase1_tokens.CountedBackend`); the mean accepted length per step of each
     speculative run is held against the same run with `reference_backend`; the decoy step's logits
     are held against the reference's on the same KV (``margin_fraction``: how close the candidate
-    came to changing a token there, as a fraction of the greedy margin).
+    came to changing a token there, as a fraction of the greedy margin); with ``spec.screen``, one
+    verify step per round on random trees over a softmax-scale probe model, whose tokens must be
+    the reference's wherever rounding noise cannot change them (`phase1_tokens.screened_step`).
     """
     import random  # noqa: PLC0415
 
     from kdtree.engine import build_model, generate  # noqa: PLC0415
     from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
-    from kdtree.phases.phase1_tokens import counted_backend, decoy_step, margin_fraction, same_length  # noqa: PLC0415
+    from kdtree.phases.phase1_tokens import (  # noqa: PLC0415
+        counted_backend, decoy_step, margin_fraction, probe_model, same_length, screened_step)
 
     if op_under_test is None:
         from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
@@ -192,6 +195,16 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
                          sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
     details["decoy_reference_emitted"] = ref_step.emitted
+    if spec.screen is not None:
+        ctx.progress(f"screened verify step with {backend}", 0.9)
+        name, log = counted_backend(backend, op_under_test)
+        screened = screened_step(probe_model(model.device, rng.getrandbits(31)), reference_backend, name, prompts,
+                                 spec.screen, rng, on_round=log.mark_step)
+        same_length("screened verify", screened.candidate, screened.reference)
+        streams += [Stream(f"p{i}", "scale-screen", c, r)
+                    for i, (c, r) in enumerate(zip(screened.candidate, screened.reference)) if r]
+        runs.append(RunStats("scale-screen", log.steps, sensitive=screened.sensitive))
+        details["scale_screen"] = screened.details
     details["decoy_path_len"] = decoy_path
     result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)

@@ -163,3 +163,34 @@ def test_logits_that_came_close_to_flipping_a_token_fail():
     bad = check_token_exact(spec, two_runs(), GateContext(), runs=[RunStats("decoy", margin_fraction=0.7)])
     assert bad.outcome is Outcome.FAILED and not fig(bad, "worst_margin_fraction").ok
     assert "run 'decoy': 0.7 of the margin" in bad.summary
+
+
+# -- screened decisions (issue 12, item 3: small scale errors) --------------------------------------
+from kdtree.gates.spec import DecisionScreenSpec  # noqa: E402
+
+SCREENED = SPEC.model_copy(update={"screen": DecisionScreenSpec(min_sensitive=3)})
+
+
+def test_a_screened_run_with_enough_sensitive_decisions_passes():
+    r = check_token_exact(SCREENED, two_runs(), GateContext(),
+                          runs=[RunStats("scale-screen", sensitive={"+2%": 5, "-2%": 3})])
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert fig(r, "min_sensitive_decisions").value == 3
+    assert r.details["runs"][0]["sensitive"] == {"+2%": 5, "-2%": 3}
+
+
+def test_a_screen_that_found_too_few_sensitive_decisions_fails_though_tokens_are_exact():
+    r = check_token_exact(SCREENED, two_runs(), GateContext(),
+                          runs=[RunStats("scale-screen", sensitive={"+2%": 5, "-2%": 1})])
+    assert r.outcome is Outcome.FAILED and fig(r, "exact_fraction").value == 1.0
+    assert not fig(r, "min_sensitive_decisions").ok
+    assert "run 'scale-screen' found 1 (5 at +2%, 1 at -2%, < 3 for some sign)" in r.summary
+    assert "cannot show that such an error changes tokens" in r.summary
+
+
+def test_a_spec_asking_for_a_screen_without_a_screened_run_is_an_error():
+    from kdtree.gates.base import run_check
+
+    r = run_check(SCREENED, lambda s, ctx: check_token_exact(s, two_runs(), ctx, runs=[RunStats("decoy")]),
+                  GateContext())
+    assert r.outcome is Outcome.ERROR and "screen.min_sensitive is set but no run screened decisions" in r.summary
