@@ -32,7 +32,8 @@ SPEC = PhaseSpec(
         "the dsv3-tp8 model preset: DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard",
     ],
     inputs=["engine/**/*.py", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
-            "phases/phase2_backend.py", "phases/phase2_work.py", "gates/**/*.py"],
+            "phases/phase2_backend.py", "phases/phase2_work.py", "phases/phase1_tokens.py", "phases/phase1_trees.py",
+            "gates/**/*.py"],
     gates=[
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32, min_exact_fraction=1.0,
