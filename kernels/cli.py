@@ -26,23 +26,22 @@ def run(main: Callable[[Optional[list[str]]], Optional[int]], argv: Optional[lis
         return SIGPIPE_EXIT
 
 
+def _number(text: str, convert: Callable[[str], float], what: str, ok: Callable[[float], bool],
+            requirement: str):
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {requirement}, got {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (bandwidths, rates, sizes)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _number(text, float, "a number", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (repetitions, iterations, split counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+    return _number(text, int, "a whole number", lambda v: v >= 1, "a whole number >= 1")
