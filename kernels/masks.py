@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from kdtree.kernels.h2d import upload
+
 MAX_TREE_NODES = 1024
 
 
@@ -63,7 +65,7 @@ def tree_mask_from_parents(parents: Sequence[int], device: Optional[torch.device
     """int32 [T, ceil(T/32)] packed ancestor-or-self mask of one tree (parents[0] = -1, parents[t] < t)."""
     anc = ancestor_matrix(parents)
     T = anc.shape[0]
-    return _upload(torch.from_numpy(pack_bool_rows(anc, (T + 31) // 32)), device)
+    return upload(torch.from_numpy(pack_bool_rows(anc, (T + 31) // 32)), device)
 
 
 def pack_tree_masks(parents_per_request: Sequence[Sequence[int]],
@@ -73,14 +75,8 @@ def pack_tree_masks(parents_per_request: Sequence[Sequence[int]],
         raise ValueError("parents_per_request: the batch is empty")
     trees = [ancestor_matrix(p) for p in parents_per_request]
     words = (max(a.shape[0] for a in trees) + 31) // 32
-    return _upload(torch.from_numpy(np.concatenate([pack_bool_rows(a, words) for a in trees])), device)
+    return upload(torch.from_numpy(np.concatenate([pack_bool_rows(a, words) for a in trees])), device)
 
-
-def _upload(host: torch.Tensor, device) -> torch.Tensor:
-    """To ``device`` without making the host wait for the stream (pinned staging, async copy)."""
-    if device is None or torch.device(device).type != "cuda":
-        return host.to(device) if device is not None else host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def pack_sglang_custom_mask(custom_mask: torch.Tensor, mask_indptr: torch.Tensor,
