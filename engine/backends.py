@@ -65,7 +65,7 @@ class AttentionBackend(ABC):
 
 # -- torch ---------------------------------------------------------------------------------------
 def _dense_chunk(q, kv_cache, meta: AttentionMetadata, b0: int, b1: int, sm_scale: float,
-                 tree_rows) -> torch.Tensor:
+                 tree_rows, probs_hook=None) -> torch.Tensor:
     dev = q.device
     qo_len = torch.tensor(meta.qo_lens[b0:b1], device=dev)
     kv_len = torch.tensor(meta.kv_lens[b0:b1], device=dev)
@@ -98,12 +98,15 @@ def _dense_chunk(q, kv_cache, meta: AttentionMetadata, b0: int, b1: int, sm_scal
     scores = torch.einsum("bthd,bkd->bhtk", queries, keys) * sm_scale
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    if probs_hook is not None:
+        probs = probs_hook(probs)
     out = torch.einsum("bhtk,bkd->bthd", probs, keys[..., :LATENT_DIM])
     return out[q_valid]
 
 
-def dense_attention(q, kv_cache, meta: AttentionMetadata, sm_scale: float) -> torch.Tensor:
-    """Masked attention for every mode with padded batched einsums, chunked to bound memory."""
+def dense_attention(q, kv_cache, meta: AttentionMetadata, sm_scale: float, probs_hook=None) -> torch.Tensor:
+    """Masked attention for every mode with padded batched einsums, chunked to bound memory.
+    ``probs_hook`` (fp32 softmax weights [b, H, T, K] -> same) perturbs the weights before PV."""
     tree_rows = None
     if meta.mode == "verify":
         tree_rows = unpack_bool_rows(meta.tree_mask, max(meta.qo_lens)).to(q.device)
@@ -117,7 +120,7 @@ def dense_attention(q, kv_cache, meta: AttentionMetadata, sm_scale: float) -> to
             if (b1 + 1 - b0) * heads * t2 * k2 > _DENSE_ELEMENT_BUDGET:
                 break
             t_max, k_max, b1 = t2, k2, b1 + 1
-        outs.append(_dense_chunk(q, kv_cache, meta, b0, b1, sm_scale, tree_rows))
+        outs.append(_dense_chunk(q, kv_cache, meta, b0, b1, sm_scale, tree_rows, probs_hook))
         b0 = b1
     return torch.cat(outs).to(q.dtype)
 

@@ -79,7 +79,8 @@ class DecisionScreenSpec(_Strict):
 
     The phase draws fresh prompts and trees, and keeps every decision (a tree node's greedy
     token) whose reference margin stays above ``noise_multiple`` times the margin change that
-    ``noise_draws`` draws of rounding-sized noise (``noise_ulps`` bf16 ulps on every op output)
+    ``noise_draws`` draws of rounding-sized noise (``noise_ulps`` bf16 ulps on every op output and, with
+    ``softmax_ulps``, on every softmax weight before PV, as a flash kernel's bf16 P rounds)
     cause there; a kept decision is *sensitive* when the reference itself, run with the scale
     off by ``scale_drift`` (either sign), picks another token, by more than that noise too. The
     candidate must reproduce the reference's token at every kept decision, and the screen must
@@ -89,6 +90,7 @@ class DecisionScreenSpec(_Strict):
 
     scale_drift: float = Field(0.02, gt=0, lt=0.5)  # relative, applied as (1 + d) and (1 - d)
     noise_ulps: float = Field(1.0, gt=0)  # uniform noise amplitude per output element
+    softmax_ulps: float = Field(0.0, ge=0)  # and per softmax weight before PV (bf16 P of a flash kernel)
     noise_draws: int = Field(12, ge=1)  # per-node noise in bf16 is bimodal: few draws miss its large mode
     noise_multiple: float = Field(4.0, ge=1)  # margins kept above this many times the noise
     tree_nodes: int = Field(1024, ge=2, le=1024)  # per prompt, at most (3/4 to all of it); deep trees see more keys

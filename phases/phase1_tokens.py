@@ -187,22 +187,41 @@ class ScaledAttention:
 
 class DitheredAttention:
     """A backend whose outputs are `inner`'s moved by uniform noise of ``ulps`` bf16 ulps per
-    element (then cast to the model's dtype): a kernel at least as noisy as bf16 rounding allows."""
+    element (then cast to the model's dtype): a kernel at least as noisy as bf16 rounding allows.
 
-    def __init__(self, inner, ulps: float, generator):
+    With ``softmax_ulps`` > 0 the attention itself is computed here in fp32 (the torch backend's
+    math), every softmax weight multiplied by ``1 + u * softmax_ulps * 2**-8`` (u uniform in
+    [-1, 1]) before PV, then dithered by ``ulps`` as above. That is the rounding a correct flash
+    kernel adds: it rounds the weights to bf16 for the PV MMA, an error coherent over the 512
+    output columns of a row, which per-element dither of the same size does not model.
+    """
+
+    def __init__(self, inner, ulps: float, generator, softmax_ulps: float = 0.0):
         self._inner, self.ulps, self._gen = inner, float(ulps), generator
+        self.softmax_ulps = float(softmax_ulps)
 
     def __getattr__(self, item):
         return getattr(self._inner, item)
 
+    def _uniform(self, shape, device):
+        import torch  # noqa: PLC0415
+
+        return (torch.rand(shape, generator=self._gen, device=self._gen.device) * 2 - 1).to(device)
+
     def forward(self, q, kv_cache, meta, sm_scale):
         import torch  # noqa: PLC0415
 
-        out = self._inner.forward(q, kv_cache, meta, sm_scale)
+        if self.softmax_ulps > 0:
+            from kdtree.engine.backends import dense_attention  # noqa: PLC0415
+
+            amp = self.softmax_ulps * 2.0 ** -8
+            out = dense_attention(q, kv_cache, meta, sm_scale,
+                                  probs_hook=lambda p: p * (1 + amp * self._uniform(p.shape, p.device)))
+        else:
+            out = self._inner.forward(q, kv_cache, meta, sm_scale)
         x = out.float()
         ulp = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)  # bf16: 8 significant bits
-        noise = torch.rand(x.shape, generator=self._gen, device=self._gen.device).to(x.device) * 2 - 1
-        return (x + noise * self.ulps * ulp).to(out.dtype)
+        return (x + self._uniform(x.shape, x.device) * self.ulps * ulp).to(out.dtype)
 
 
 def random_tree(root: int, nodes: int, vocab: int, rng: random.Random) -> tuple[list[int], list[int]]:
@@ -325,7 +344,7 @@ def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, 
     winners = base.argmax(-1)
     margin = margins_against(base, winners)
     gen = torch.Generator(device=model.device).manual_seed(rng.getrandbits(63))
-    dithered = DitheredAttention(ref, screen.noise_ulps, gen)
+    dithered = DitheredAttention(ref, screen.noise_ulps, gen, screen.softmax_ulps)
     noise = torch.stack([(margins_against(logits(dithered), winners) - margin).abs()
                          for _ in range(screen.noise_draws)]).amax(0)
     noise = torch.maximum(noise, noise.median())

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Source on a machine where the package cannot be pip-installed (the GPU machine has no network):
 # maps the top-level folders into the `kdtree` namespace through (git-ignored) symlinks in kdtree/
-# and puts the repo on PYTHONPATH; wheels carried in .whl/ are installed into a private target.
+# and puts the repo on PYTHONPATH; wheels carried in .whl/ and .whl-sglang/ (scripts/fetch-device-kit.sh)
+# are installed into a private target.
 #   source scripts/device-env.sh
 _repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 for _p in orchestrator phases gates kernels engine tools integrations; do [ -d "$_repo/$_p" ] && ln -sfn "../$_p" "$_repo/kdtree/$_p"; done
-if [ -d "$_repo/.whl" ]; then
+_wheels=$(ls "$_repo"/.whl/*.whl "$_repo"/.whl-sglang/*.whl 2>/dev/null)
+if [ -n "$_wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/kdtree-site "$_repo"/.whl/*.whl && export PYTHONPATH="/tmp/kdtree-site:${PYTHONPATH:-}"
+    --target /tmp/kdtree-site $_wheels && export PYTHONPATH="/tmp/kdtree-site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$_repo:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1

@@ -70,8 +70,8 @@ def _unservable_call(backend: Any, q, k, v, layer, forward_batch, sinks, score_m
         return "not a target-verify batch the converter took"
     if not forward_batch.forward_mode.is_target_verify():
         return f"forward mode {forward_batch.forward_mode}"
-    if k is None or v is None:
-        return "no new k/v given"
+    if (k is None) != (v is None):
+        return "only one of k, v given (the parent raises)"
     if sinks is not None or score_mod is not None or aux_tensors is not None:
         return "sinks / score_mod / aux_tensors"
     if getattr(layer, "qk_head_dim", None) != QK_DIM or getattr(layer, "v_head_dim", None) != LATENT_DIM \
@@ -230,7 +230,9 @@ def make_backend_class(parent: type) -> type:
                                               sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
             self.kd_last_route = ("kernel", "MLA target verify")
             type(self).kd_kernel_calls += 1
-            if save_kv_cache:  # the draft tokens' latent goes into the pool first, as the parent writes it
+            # k and v None: the caller wrote the draft tokens' latent into the pool already (the
+            # kernel reads every slot from the pool either way)
+            if save_kv_cache and k is not None:  # the draft latent goes into the pool first, as the parent writes it
                 loc = parent_module.KVWriteLoc.for_batch(
                     forward_batch, swa_loc=getattr(self.forward_metadata, "swa_out_cache_loc", None))
                 self._set_kv_buffer(forward_batch, layer, loc, k, v)

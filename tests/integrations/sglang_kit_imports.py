@@ -11,6 +11,10 @@ import types
 
 NEVER_STUB = {"torch", "triton", "sglang", "numpy", "kdtree"}
 
+#: names of stubs that were called or instantiated, in order: a stub that does work the kit's
+#: result depends on (an ``sgl_kernel`` op) silently does nothing, so a test reads this list
+STUB_CALLS: list[str] = []
+
 
 def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
@@ -22,11 +26,15 @@ class _StubMeta(type):
     def __getattr__(cls, name: str):
         if _dunder(name):
             raise AttributeError(name)
-        return _stub_class(name)
+        return _stub_class(f"{cls.__name__}.{name}")
 
 
 def _stub_init(self, *args, **kwargs) -> None:
-    pass
+    STUB_CALLS.append(type(self).__name__)
+
+
+def _stub_call(self, *args, **kwargs) -> None:
+    STUB_CALLS.append(f"{type(self).__name__}()")
 
 
 def _stub_getattr(self, name: str):
@@ -36,7 +44,7 @@ def _stub_getattr(self, name: str):
 
 
 def _stub_class(name: str) -> type:
-    return _StubMeta(name, (), {"__init__": _stub_init, "__call__": lambda self, *a, **k: None,
+    return _StubMeta(name, (), {"__init__": _stub_init, "__call__": _stub_call,
                                 "__getattr__": _stub_getattr,
                                 "__init_subclass__": classmethod(lambda cls, **kwargs: None)})
 
@@ -49,7 +57,7 @@ class _StubModule(types.ModuleType):
     def __getattr__(self, name: str):
         if _dunder(name):
             raise AttributeError(name)
-        value = _stub_class(name)
+        value = _stub_class(f"{self.__name__}.{name}")
         setattr(self, name, value)
         return value
 

@@ -56,6 +56,32 @@ def test_target_verify_goes_to_the_kernel_and_matches_sglangs_semantics(case):
     assert torch.equal(pool[fx["out_cache_loc"]], fx["k_extend"]), "the draft KV must be written into the pool first"
 
 
+def test_kv_already_in_the_pool_k_and_v_none_is_served_without_a_write():
+    # SGLang's MLA attention kit (and models that write the latent themselves) pass k = v = None
+    # with save_kv_cache=False: the draft latent is already at out_cache_loc
+    fx = make_verify_batch(4, [37, 5], 9, seed=13)
+    backend = _backend(fx)
+    pool = backend.token_to_kv_pool.kv_buffer[0]
+    pool[fx["out_cache_loc"]] = fx["k_extend"]
+    before = pool.clone()
+    batch = fake_sglang.batch_for(fx)
+    backend.init_forward_metadata(batch)
+    out = backend.forward_extend(fx["q"], None, None, fake_sglang.mla_layer(4), batch, save_kv_cache=False)
+    assert backend.kd_last_route[0] == "kernel", backend.kd_last_route
+    assert torch.equal(pool, before), "nothing may be written"
+    ref = sglang_layout_reference(fx)
+    torch.testing.assert_close(out.view_as(ref).float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_only_one_of_k_and_v_goes_to_the_parent():
+    fx = make_verify_batch(2, [10], 4, seed=4)
+    backend = _backend(fx)
+    batch = fake_sglang.batch_for(fx)
+    backend.init_forward_metadata(batch)
+    out = backend.forward_extend(fx["q"], fx["k_extend"], None, fake_sglang.mla_layer(2), batch)
+    assert out is fake_sglang.PARENT_RESULT and "only one of k, v" in backend.kd_last_route[1]
+
+
 def test_a_mask_that_is_not_ancestor_closed_gives_what_the_mask_says():
     fx = make_verify_batch(2, [50, 7], 24, seed=5, ancestor_closed=False)
     backend, out = _verify(fx, 2)

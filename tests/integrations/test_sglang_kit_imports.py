@@ -18,6 +18,11 @@ def test_missing_dependencies_are_stubbed_and_named(tmp_path, monkeypatch):
     from kit_absent_net.later.deep import thing  # a submodule imported only at call time
 
     assert thing is not None
+    from sglang_kit_imports import STUB_CALLS
+
+    before = len(STUB_CALLS)
+    mod.Scheme()
+    assert STUB_CALLS[before:] == ["kit_absent_q.sub.Scheme"]  # what a stub was asked to do is on record
     assert stubbed == ["kit_absent_net", "kit_absent_q"]  # submodules come from the stub finder
     for name in ["kitmod_a", *stubbed]:
         sys.modules.pop(name, None)

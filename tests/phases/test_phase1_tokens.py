@@ -54,6 +54,23 @@ def test_dithered_attention_moves_each_output_by_at_most_its_ulps(dtype):
     assert float((moved > 0).float().mean()) > 0.4  # and most elements do move (bf16: half of them)
 
 
+def test_softmax_dither_moves_each_row_coherently_by_about_a_bf16_ulp():
+    from kdtree.engine.backends import dense_attention
+
+    rng = random.Random(3)
+    L, T, H = 300, 24, 4
+    _, parents = random_tree(0, T, 16, rng)
+    meta = verify_metadata([list(range(L))], [list(range(L, L + T))], [parents])
+    gen = torch.Generator().manual_seed(4)
+    q, kv = torch.randn(T, H, 576, generator=gen), torch.randn(L + T, 576, generator=gen)
+    exact = dense_attention(q, kv, meta, 576 ** -0.5)
+    dithered = DitheredAttention(_Echo(None), 0.0, torch.Generator().manual_seed(5), softmax_ulps=1.0)
+    moved = dithered.forward(q, kv, meta, 576 ** -0.5) - exact
+    rel = moved.norm(dim=-1) / exact.norm(dim=-1)  # per (row, head)
+    assert float(rel.min()) > 0 and float(rel.max()) < 2.0 ** -7  # every row moves, by about 2^-9 of its size
+    assert dithered.forward(q, kv, meta, 576 ** -0.5).ne(dithered.forward(q, kv, meta, 576 ** -0.5)).any()  # fresh draws
+
+
 def test_random_trees_are_trees_of_the_asked_size():
     tokens, parents = random_tree(7, 300, 1024, random.Random(0))
     assert len(tokens) == len(parents) == 300 and tokens[0] == 7 and parents[0] == -1

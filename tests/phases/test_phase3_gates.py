@@ -88,7 +88,7 @@ def test_gpu_replay_equal_fails_on_ranges_frozen_at_capture():
                                        launch_buckets=SMALL_LAUNCH, step_buckets=(), with_oracle=False)
     assert r.outcome is Outcome.FAILED and not fig(r, "worst_rel_l2").ok
     assert fig(r, "allocations_in_capture").ok and fig(r, "capture_failures").ok  # only the replays are wrong
-    assert "worst_rel_l2" in r.summary
+    assert "replay" in r.summary  # the replays are what fail (wrong values, or NaN lse where it is finite)
 
 
 def leaky(plan):
