@@ -1,10 +1,10 @@
 """One call on the GPU machine: build the kernel, check every variant against the oracle, time it.
 
-    python -m kdtree.tools.devcheck [--out DIR] [--quick] [--variants base16,base32,ws]
+    python -m kdtree.tools.devcheck [--out DIR] [--quick] [--variants base16,base32,ws,wgmma]
                                     [--splits 1,4,16] [--time-variants ws] [--configs 'H,T,B,L;...']
 
 Prints the device, the build time, a correctness table (fresh random inputs, NaN-poisoned
-outputs, fp64 oracle; every variant forced through `kdtree.kernels.cuda_op.launch`) and a
+outputs, fp64 oracle; every variant the device runs forced through `kdtree.kernels.cuda_op.launch`) and a
 timing table (the tools' queued timer, interleaved with the baselines that are importable)
 against the roofline measured in the same run. Writes devcheck.json into --out (default $OUT or
 .). This is the kernel engineer's inner loop; the phase-1 gates and `kdtree.tools.bench` are the
@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from kdtree.kernels import cli
-from kdtree.kernels.launch_plan import VARIANTS
+from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
 from kdtree.tools.cases import call, make_case, make_pool, oracle, pool_slots_for
 from kdtree.tools.roofline import Shape, bytes_moved, flops, floor_seconds
 from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
@@ -182,7 +182,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--impl", action="append", default=None, choices=["cuda", "naive", "triton", "none"],
                     help="what to time besides nothing (repeatable; 'none': correctness only)")
     ap.add_argument("--pool-gb", type=cli.positive_float, default=8.0)
-    ap.add_argument("--variants", type=parse_variants, default=list(VARIANTS), help="kernel variants to check")
+    ap.add_argument("--variants", type=parse_variants, default=None,
+                    help="kernel variants to check (default: every variant this device runs)")
     ap.add_argument("--time-variants", type=parse_variants, default=[], help="also time these variants")
     ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the variant of every timed cuda call")
     ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
@@ -219,7 +220,8 @@ def main(argv=None) -> int:
     report["build_s"] = time.time() - t0
     print(f"build {report['build_s']:.1f}s", flush=True)
     rows = []
-    for variant in ([] if args.time_only else args.variants):
+    variants = args.variants if args.variants is not None else runnable_variants(torch.cuda.get_device_capability())
+    for variant in ([] if args.time_only else variants):
         for r in check_correctness(kernel(variant), trials=1 if args.quick else 2):
             rows.append(dict(r, variant=variant))
     report["correctness"] = rows
