@@ -85,6 +85,16 @@ static_assert(Smem::total <= 232448, "must fit sm_90's per-block shared memory (
 static_assert(kBlockN % 32 == 0 && kHeadDim % 64 == 0, "tile geometry");
 }  // namespace wg
 
+// V (the tile's first 512 columns) as PV's MN-major B operand: LBO = one 64-column block, SBO =
+// 8 keys. WG_V_DESC_SWAP=1 swaps the two (a diagnosis build, in case a device disagrees with this
+// reading of the descriptor format; a correct build defines nothing).
+#ifndef WG_V_DESC_SWAP
+#define WG_V_DESC_SWAP 0
+#endif
+__device__ __forceinline__ uint64_t make_v_desc(uint32_t addr) {
+  return WG_V_DESC_SWAP ? sm90a::make_desc(addr, 1024, wg::kBlockBytes) : sm90a::make_desc(addr, wg::kBlockBytes, 1024);
+}
+
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KD_WGMMA_BODY 0  // a device pass for another arch: the kernel exists but traps
 #else
@@ -204,20 +214,24 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       float s[32];
       const uint64_t dk = make_desc(kaddr, 16, 1024);
       wgmma_fence();
-      // 9 column blocks of 64, 4 k-steps of 16 each. The block loop stays rolled: unrolled, the
+      // 9 column blocks of 64, 4 k-steps of 16 each. dq is made opaque per tile: otherwise the
       // compiler keeps all 36 loop-invariant Q descriptors in registers (72 of them) and spills.
-#pragma unroll 1
-      for (int kb = 0; kb < kHeadDim / 64; ++kb) {
-        const uint32_t off = kb * kBlockBytes;
+      uint64_t dq_t = dq;
+      asm volatile("" : "+l"(dq_t));
 #pragma unroll
-        for (int k4 = 0; k4 < 4; ++k4)
-          wgmma_m64n64k16_ss<0>(s, desc_advance(dq, off + k4 * 32), desc_advance(dk, off + k4 * 32), kb + k4 > 0);
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+        wgmma_m64n64k16_ss<0>(s, desc_advance(dq_t, off), desc_advance(dk, off), ks > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();  // this tile's S, and the previous tile's PV
+      if (it > 0) {  // the previous tile's PV (committed before this QK) is done: release its stage
+        wgmma_wait<1>();
+        fence_operands(o);
+        mbar_arrive(&empty[prev_stage]);
+      }
+      wgmma_wait<0>();  // this tile's S
       fence_operands(s);
       fence_operands(o);
-      if (it > 0) mbar_arrive(&empty[prev_stage]);
 
       // mask + online softmax: this thread holds keys 8 j + 2 t4 + {0, 1} (j < 8) of its two rows
       float alpha[2];
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       fence_operands(pa[1]);
       fence_operands(pa[2]);
       fence_operands(pa[3]);
-      const uint64_t dv = make_desc(kaddr, kBlockBytes, 1024);
+      const uint64_t dv = make_v_desc(kaddr);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(dv, kk * 16 * 128), 1);
@@ -336,7 +350,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
           o[4 * j + 3] *= a1;
         }
       }
-      const uint64_t dv = make_desc(kaddr + (kValueHalf / 64) * kBlockBytes, kBlockBytes, 1024);
+      const uint32_t v_half = hooks::kWgmmaWrongHalf ? 0 : (kValueHalf / 64) * kBlockBytes;
+      const uint64_t dv = make_v_desc(kaddr + v_half);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
