@@ -75,9 +75,9 @@ def test_long_prompts_need_no_dense_score_matrix(monkeypatch):
     seen = []
     real = backends._dense_chunk
 
-    def spy(q, kv_cache, meta, b0, b1, sm_scale, tree_rows):
+    def spy(q, kv_cache, meta, b0, b1, sm_scale, tree_rows, probs_hook=None):
         seen.append(q.shape[1] * max(meta.qo_lens[b0:b1]) * max(meta.kv_lens[b0:b1]) * (b1 - b0))
-        return real(q, kv_cache, meta, b0, b1, sm_scale, tree_rows)
+        return real(q, kv_cache, meta, b0, b1, sm_scale, tree_rows, probs_hook)
 
     monkeypatch.setattr(backends, "_dense_chunk", spy)
     monkeypatch.setattr(backends, "_DENSE_ELEMENT_BUDGET", 1 << 20)
