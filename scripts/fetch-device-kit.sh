@@ -45,12 +45,15 @@ if [ "${PEERS:-0}" = 1 ]; then
   python3 - <<'PY'
 import glob, re, zipfile
 src = glob.glob("/tmp/fi-dl/flashinfer_python-0.7.2.post1-*.whl")[0]
-drop = re.compile(r"flashinfer/data/csrc/(?!batch_mla).*\.cu$|flashinfer/data/csrc/.*/.*\.cu$"
-                  r"|/experimental/|flashinfer/data/.*moe_ep/kernel_src/")
+# data files only (every .py stays): CUDA sources other than batch_mla*, CUTLASS's examples and
+# tools, thrust, the experimental / MoE kernel sources
+drop = re.compile(r"flashinfer/data/csrc/(?!batch_mla)[^/]*\.cu$|flashinfer/data/csrc/[^/]+/"
+                  r"|/experimental/|moe_ep/kernel_src/|flashinfer/data/cutlass/(examples|python|test|tools|media|docs)/"
+                  r"|flashinfer/data/cccl/thrust/|fused_moe/backends/.*\.(cu|cuh|h|cpp|so)$|prims_ts/kernels/")
 with zipfile.ZipFile(src) as zin, zipfile.ZipFile(".peers-carry/flashinfer-trim.zip", "w",
                                                   zipfile.ZIP_DEFLATED) as zout:
     for item in zin.infolist():
-        if not drop.search(item.filename):
+        if not (drop.search(item.filename) and not item.filename.endswith(".py")):
             zout.writestr(item, zin.read(item.filename))
 PY
 fi
