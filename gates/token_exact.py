@@ -81,20 +81,6 @@ def _describe(d: dict[str, Any]) -> str:
     return text
 
 
-def _examples(divergences: list[dict[str, Any]], limit: int = 3) -> list[dict[str, Any]]:
-    """The divergences a summary names, in order: the first of every run (each run's defect is its
-    own evidence), then the earliest others, ``limit`` in all unless there are more runs than that."""
-    runs_seen: set[Any] = set()
-    first_of_run = []
-    for i, d in enumerate(divergences):
-        if d["run"] not in runs_seen:
-            runs_seen.add(d["run"])
-            first_of_run.append(i)
-    others = [i for i in range(len(divergences)) if i not in set(first_of_run)]
-    chosen = sorted(first_of_run + others[:max(0, limit - len(first_of_run))])
-    return [divergences[i] for i in chosen]
-
-
 def _as_stream(item: Union[Stream, tuple]) -> Stream:
     if isinstance(item, Stream):
         return item
@@ -231,7 +217,7 @@ def check_token_exact(spec: TokenExactGateSpec, streams: Iterable[Union[Stream, 
         parts.append(f"only {n} prompts compared, the spec needs at least {spec.min_prompts}")
     if divergences:
         parts.append(f"{len(divergences)} of {len(seen)} streams diverge ({n - exact} of {n} prompts); "
-                     + "; ".join(_describe(d) for d in _examples(divergences)))
+                     + "; ".join(_describe(d) for d in divergences[:3]))
     if empty:
         parts.append(f"{len(empty)} streams have an empty reference ({', '.join(empty[:5])})")
 
