@@ -300,7 +300,10 @@ def test_token_exact_gate_fails_a_wrong_tree_mask_on_decoy_trees(op):
     assert r.outcome is Outcome.FAILED, r.summary
     decoy = [d for d in r.details["divergences"] if d["run"] == "decoy"]
     assert decoy, r.summary  # the decoy tree's tokens changed
-    assert "(decoy): first divergence" in r.summary
+    # the summary names the first 3 divergences in order; where the drafted run's streams diverge
+    # too (some draws), the decoy's may come after them, so its report is read from the details
+    assert "first divergence" in r.summary
+    assert decoy[0]["candidate"] != decoy[0]["reference"] or decoy[0]["candidate_len"] != decoy[0]["reference_len"]
     assert _runs(r)["decoy"]["candidate_accepted"] < _runs(r)["decoy"]["reference_accepted"]
     assert "mean accepted length per step differs" in r.summary
 
@@ -314,7 +317,7 @@ def test_token_exact_gate_fails_a_scale_of_one_over_sqrt_576_by_its_logit_drift(
     # a 42 % scale error: the screened decisions change too, those a -2 % drift flips among them
     screen = r.details["scale_screen"]
     assert screen["candidate took the -2% token"] >= 1 and screen["kept nodes the candidate changed"] > 0
-    assert "(scale-screen): first divergence" in r.summary
+    assert any(d["run"] == "scale-screen" for d in r.details["divergences"]), r.summary
 
 
 def test_token_exact_gate_fails_a_backend_that_never_calls_the_op():
