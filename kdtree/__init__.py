@@ -3,7 +3,7 @@
 The project's folders live at the top level of the repository (orchestrator/, phases/, gates/,
 kernels/, engine/) and are mapped into this namespace by pyproject's package-dir, so they import
 as `kdtree.orchestrator`, `kdtree.kernels`, ... and never collide with unrelated PyPI packages
-such as `kernels` in an SGLang environment.
+such as `kernels` in an SGLang environment (from the repository root, see `kdtree.checkout`).
 """
 
 __version__ = "0.1.0"

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from kdtree.checkout import unshadow
+
+# `python -m pytest` from the repository root puts the root on sys.path, where our kernels/ folder
+# would shadow PyPI's `kernels` that transformers >= 5.25 imports (the oracle tests need it).
+unshadow()
+
 
 def _cuda_reason():
     try:
