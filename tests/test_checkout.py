@@ -6,7 +6,6 @@ import sys
 import types
 from pathlib import Path
 
-
 from kdtree import checkout
 
 ROOT = Path(__file__).resolve().parent.parent
