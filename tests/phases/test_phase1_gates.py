@@ -340,8 +340,7 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
         return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale * factor, out=out, lse=lse)
 
     # Greedy margins of the engine's model are wide by design (so bf16 noise never flips a token):
-    # the drafted and decoy runs keep every token, and the decoy logits move by ~2 % of the margin,
-    # as much as the CUDA kernel moved them on the H200 (0.017). Only the screened run sees it.
+    # the drafted and decoy runs keep every token; only the screened run changes tokens.
     r = _token_exact(_op_backend(f"drift{factor}-test", drift), drift)
     assert r.outcome is Outcome.FAILED, r.summary
     assert {d["run"] for d in r.details["divergences"]} == {"scale-screen"}, r.summary
@@ -351,7 +350,8 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
     # the decisions the reference's own 2 % drift flips, the 3 % drift flips the same way
     assert screen[f"candidate took the {label} token"] >= 1
     assert screen[f"candidate took the {label} token"] >= screen[f"sensitive {label}"] // 2
-    assert _runs(r)["decoy"]["margin_fraction"] < 0.25  # what the gate had missed it
+    # The decoy's logit drift is a fresh draw each run, usually below 0.25 of the margin (0.43 seen
+    # once in ~25 runs), so the margin check may catch it too; the screen must, whatever the draw.
 
 
 def test_a_length_mismatch_between_runs_is_an_error():
