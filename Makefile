@@ -7,15 +7,17 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
+# Every other dependency at the version CI last passed with (`make lock` refreshes it).
+CONSTRAINTS ?= constraints/test.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean status
+.PHONY: run test venv clean status lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[test]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -34,6 +36,17 @@ test: $(STAMP)
 
 status: $(STAMP)
 	$(VENV)/bin/orchestrate status
+
+## lock: resolve the test extras afresh (newest releases) into $(CONSTRAINTS); run `make test` after.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip setuptools wheel
+	.venv-lock/bin/python -m pip install -q "$(TORCH)"
+	.venv-lock/bin/python -m pip install -q -e ".[test]"
+	{ sed -n '/^#/p' $(CONSTRAINTS); .venv-lock/bin/python -m pip freeze --exclude-editable \
+	  | grep -v -i -E '^(torch|triton|kdtree)'; } > $(CONSTRAINTS).tmp && mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
+	rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) build *.egg-info
