@@ -65,6 +65,16 @@ Oracle = Callable[[dict[str, Any]], dict[str, Any]]
 RowScale = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
+def kept_failures(failures: list[dict[str, Any]], limit: int = 50) -> list[dict[str, Any]]:
+    """The failures a record keeps: the first problem of every failing case (so every failing
+    case is named, however many there are), then later problems in order up to `limit` in all."""
+    first: dict[str, dict[str, Any]] = {}
+    for f in failures:
+        first.setdefault(f["case"], f)
+    rest = [f for f in failures if first[f["case"]] is not f]
+    return list(first.values()) + rest[:max(0, limit - len(first))]
+
+
 def _worst(values: Iterable[float]) -> float:
     """The largest value; NaN (a trial that could not be measured) beats everything."""
     vals = list(values)
@@ -284,7 +294,7 @@ def check_accuracy(spec: AccuracyGateSpec, cases: Iterable[AccuracyCase], candid
         more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
         summary = shown + more
     result = verdict(spec.name, spec.kind, figures, summary, seeds=seeds, cases=rows,
-                     failures=failures[:50], order=[cases[ci].name for ci, _, _ in runs])
+                     failures=kept_failures(failures), order=[cases[ci].name for ci, _, _ in runs])
     if failures and result.outcome is Outcome.PASSED:  # every problem is a failure, figures or not
         result.outcome = Outcome.FAILED
     return result

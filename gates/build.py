@@ -13,6 +13,10 @@ counting as 0 bytes, so a kernel the figures do not know cannot slip past the li
 Limits per kernel: registers, spill bytes (the larger of spill stores and loads), stack (the
 larger of the frame and the cumulative stack size), shared memory (static + dynamic). Functions
 that are not entries (non-inlined device functions) are held to the spill and stack limits too.
+``only_kernels`` narrows the check to the entry functions whose names contain one of its strings
+(the rest are listed as unchecked; a non-entry function is checked when the arch has a checked
+entry), and ``required_sass`` names opcodes each arch's checked kernels must contain (a build for
+a specialised arch that lost its instructions fails).
 """
 
 from __future__ import annotations
@@ -233,6 +237,10 @@ def _violations(spec: BuildGateSpec, k: KernelResources) -> list[str]:
     return v
 
 
+def _checked(spec: BuildGateSpec, function: str) -> bool:
+    return not spec.only_kernels or any(name in function for name in spec.only_kernels)
+
+
 def _max(values: list[int]) -> Optional[int]:
     return max(values) if values else 0
 
@@ -247,7 +255,10 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     (key). A failed compile gives the arch's figures no value, and its log tail in the summary.
     Details: ``kernels`` (a row per function), ``forbidden_hits`` (the first 100),
     ``forbidden_counts`` (per arch), ``commands``, ``compile_errors``, ``sass_missing``,
-    ``dynamic_smem_sources`` (per arch, where given).
+    ``dynamic_smem_sources`` (per arch, where given); with ``required_sass``, ``ARCH
+    required_sass_missing`` per arch (unknown, so failing, without SASS) and
+    ``required_sass_counts`` in the details. Rows of functions ``only_kernels`` leaves out carry
+    ``checked: False``.
     """
     figures: list[Figure] = []
     rows: list[dict] = []
@@ -260,6 +271,7 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     built = 0
     sass_missing: list[str] = []
     smem_sources: dict[str, str] = {}
+    required_counts: dict[str, dict[str, int]] = {}
     for i, arch in enumerate(spec.archs):
         ctx.progress(f"build {arch}", i / len(spec.archs))
         out = compile_arch(arch)
@@ -283,9 +295,19 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
                              f"its kernels are {sorted(names)}")
         if out.dynamic_smem_source:
             smem_sources[arch] = out.dynamic_smem_source
+        checked_names = {k.function for k in kernels if k.entry and _checked(spec, k.function)}
+        checked = [k for k in kernels if k.function in checked_names or (not k.entry and checked_names)]
+        checked_ids = {id(k) for k in checked}
         for k in kernels:
             if k.entry:
                 k.dynamic_smem_bytes = int(out.dynamic_smem_bytes.get(k.function, 0))
+            if id(k) not in checked_ids:
+                rows.append({"arch": k.arch, "function": k.function, "entry": k.entry, "registers": k.registers,
+                             "spill_stores": k.spill_store_bytes, "spill_loads": k.spill_load_bytes,
+                             "stack": k.stack_bytes, "smem_static": k.smem_bytes,
+                             "smem_dynamic": k.dynamic_smem_bytes, "cmem": k.cmem_bytes, "barriers": k.barriers,
+                             "violations": [], "checked": False})
+                continue
             v = _violations(spec, k)
             if k.entry and out.dynamic_smem_required and k.function not in out.dynamic_smem_bytes:
                 v.append("no dynamic shared-memory figure for this kernel "
@@ -297,20 +319,36 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
                          "spill_stores": k.spill_store_bytes, "spill_loads": k.spill_load_bytes,
                          "stack": k.stack_bytes, "smem_static": k.smem_bytes, "smem_dynamic": k.dynamic_smem_bytes,
                          "cmem": k.cmem_bytes, "barriers": k.barriers, "violations": v})
-        entries = [k for k in kernels if k.entry]
+        entries = [k for k in checked if k.entry]
         if not entries:
-            messages.append(f"{arch}: ptxas reported no kernel (was -Xptxas -v passed?)")
+            messages.append(f"{arch}: ptxas reported no kernel (was -Xptxas -v passed?)" if not spec.only_kernels
+                            else f"{arch}: no kernel named like {spec.only_kernels} was compiled")
         figures += [
             Figure(name=f"{arch} kernels", value=len(entries), op=">=", threshold=1),
             Figure(name=f"{arch} max_registers", value=_max([k.registers for k in entries]), op="<=",
                    threshold=spec.max_registers),
-            Figure(name=f"{arch} max_spill_bytes", value=_max([k.spill_bytes for k in kernels]), unit=" B",
+            Figure(name=f"{arch} max_spill_bytes", value=_max([k.spill_bytes for k in checked]), unit=" B",
                    op="<=", threshold=spec.max_spill_bytes),
-            Figure(name=f"{arch} max_stack_bytes", value=_max([k.stack_bytes for k in kernels]), unit=" B",
+            Figure(name=f"{arch} max_stack_bytes", value=_max([k.stack_bytes for k in checked]), unit=" B",
                    op="<=", threshold=spec.max_stack_bytes),
             Figure(name=f"{arch} max_smem_bytes", value=_max([k.total_smem_bytes for k in entries]), unit=" B",
                    op="<=", threshold=spec.max_shared_bytes),
         ]
+        if spec.required_sass:
+            present = {op: 0 for op in spec.required_sass}
+            for _, function, _, opcode, _ in sass_instructions(out.sass):
+                if function in checked_names:
+                    for op in spec.required_sass:
+                        present[op] += _opcode_matches(opcode, op)
+            required_counts[arch] = present
+            absent = sorted(op for op, n in present.items() if n == 0)
+            has_sass = bool(out.sass.strip())
+            figures.append(Figure(name=f"{arch} required_sass_missing", value=len(absent) if has_sass else None,
+                                  op="<=", threshold=0))
+            if not has_sass:
+                messages.append(f"{arch}: no SASS to look for {spec.required_sass} in (is cuobjdump available?)")
+            elif absent:
+                messages.append(f"{arch}: required SASS {absent} not found in {sorted(checked_names)}")
         if spec.forbidden_sass:
             if not out.sass.strip() or next(sass_instructions(out.sass), None) is None:
                 sass_missing.append(arch)
@@ -328,11 +366,12 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
         figures.append(Figure(name="forbidden_sass", value=None if sass_missing else len(hits), op="<=",
                               threshold=0))
     summary = "; ".join(messages[:4]) if messages else (
-        f"{built} archs built, {len(rows)} functions within limits, no forbidden SASS")
+        f"{built} archs built, {sum(1 for r in rows if r.get('checked', True))} functions within limits, "
+        f"no forbidden SASS")
     result = verdict(spec.name, spec.kind, figures, summary, kernels=rows, forbidden_hits=hits[:100],
                      forbidden_counts=hit_counts,
                      commands=commands, compile_errors=errors, sass_missing=sass_missing,
-                     dynamic_smem_sources=smem_sources)
+                     dynamic_smem_sources=smem_sources, required_sass_counts=required_counts)
     if messages and result.outcome is Outcome.PASSED:
         result.outcome = Outcome.FAILED
     return result

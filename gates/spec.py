@@ -57,6 +57,10 @@ class BuildGateSpec(GateSpecBase):
     max_stack_bytes: int = Field(0, ge=0)
     max_shared_bytes: int = Field(101376, ge=0)  # sm_120's per-block limit
     forbidden_sass: list[str] = Field(default_factory=lambda: ["HGMMA", "UTCHMMA", "UTCQMMA"])
+    # Only entry functions whose name contains one of these are held to the limits (and their SASS
+    # to required_sass); the others are listed, unchecked. Empty: every function.
+    only_kernels: list[str] = Field(default_factory=list)
+    required_sass: list[str] = Field(default_factory=list)  # opcodes that must appear in the checked kernels
 
 
 class AccuracyGateSpec(GateSpecBase):

@@ -7,6 +7,10 @@ Python ABI. A build writes into a temporary folder and renames it into place, un
 so concurrent processes never see half a build. The bindings are plain pybind11 over raw
 pointers, so the binary does not depend on the torch version.
 
+A device of compute capability 9.0 gets an ``sm_90a`` build (`arch_for_capability`), which also
+holds the wgmma variant (``-DKDTREE_SM90A=1``, `arch_defines`); every other arch's build is
+unchanged by it.
+
 `compile_arch(arch)` compiles the kernel translation unit for one arch with ptxas' resource
 report (and the SASS, where cuobjdump is found): what `python -m kdtree.kernels.build` prints
 and what phase 1's build gate checks. The dynamic shared memory each kernel is launched with is
@@ -97,6 +101,22 @@ def gencode(arch: str) -> list[str]:
     return [f"-gencode=arch=compute_{num},code=sm_{num}"]
 
 
+SM90A = "sm_90a"
+
+
+def arch_defines(archs: Sequence[str]) -> list[str]:
+    """-DKDTREE_SM90A=1 when sm_90a is among `archs`: the launcher then holds the wgmma variant
+    (csrc/tree_verify_mla_sm90a.cuh); builds for any other arch are exactly what they were."""
+    return ["-DKDTREE_SM90A=1"] if any(normalize_arch(a) == SM90A for a in archs) else []
+
+
+def arch_for_capability(capability: tuple[int, int]) -> str:
+    """The arch the JIT builds for a device: sm_90a on compute capability 9.0 (wgmma is in the
+    "a" target only, which runs on 9.0 devices only), else sm_<major><minor>."""
+    major, minor = capability
+    return SM90A if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+
 def source_hash() -> str:
     h = hashlib.sha256()
     for path in sorted(CSRC.iterdir()):
@@ -150,7 +170,7 @@ def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
             return so_path
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_root()))
         cmd = [nvcc, *BASE_FLAGS, *extra_flags(), "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-               *[flag for a in archs for flag in gencode(a)],
+               *[flag for a in archs for flag in gencode(a)], *arch_defines(archs),
                f"-I{CSRC}", f"-I{_pybind11_include()}", f"-I{_python_include()}",
                *[str(CSRC / s) for s in (*BINDING_SOURCES, *KERNEL_SOURCES)],
                "-o", str(tmp / so_path.name)]
@@ -236,7 +256,7 @@ def compile_arch(arch: str, *, sass: bool = True) -> ArchBuild:
     arch = normalize_arch(arch)
     with tempfile.TemporaryDirectory(prefix="kdtree-build-") as tmp:
         obj = Path(tmp) / f"tree_verify_mla_{arch}.o"
-        cmd = [nvcc, *BASE_FLAGS, *extra_flags(), *gencode(arch), "-Xptxas", "-v", f"-I{CSRC}", "-c",
+        cmd = [nvcc, *BASE_FLAGS, *extra_flags(), *gencode(arch), *arch_defines([arch]), "-Xptxas", "-v", f"-I{CSRC}", "-c",
                str(CSRC / "tree_verify_mla.cu"), "-o", str(obj)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         text, records = "", []

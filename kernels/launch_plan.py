@@ -23,9 +23,15 @@ BLOCK_N = 32
 WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
 MAX_SPLITS = 1024
 
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3}  # name -> id of the launcher (csrc/tree_verify_mla.cu)
-BLOCK_M = {1: 16, 2: 32, 3: 32}
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "wgmma": 4}  # name -> id of the launcher (csrc/tree_verify_mla.cu)
+BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
 NEEDS_SM90 = {"ws"}  # bulk copy engine + mbarriers
+SM90A_ONLY = {"wgmma"}  # wgmma: built into sm_90a extensions only, which run on compute capability 9.0 only
+# The Hopper variant takes the default dispatch on a 9.0 device (issue 17): on the H200 its v2
+# producer runs the tensor-core-bound phase-1 shapes in 0.43-0.46 of the ws kernel's time and
+# H8 T16 B1 (128 rows) in 0.74 (plans/results/hopper/); False sends 9.0 devices back to ws.
+HOPPER_WGMMA_DEFAULT = True
+WGMMA_MIN_ROWS = 64  # rows per request from which the default dispatch (when enabled) takes wgmma
 
 # Cost-model constants, in tile units (see the module docstring).
 CTA_OVERHEAD_TILES = 3.0  # Q fragments, pipeline fill, epilogue
@@ -40,7 +46,8 @@ class LaunchPlan:
 
     `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
     kernel (32 rows per CTA, bulk-copy producer warp), which uses the bulk copy engine and
-    mbarriers and so needs sm_90 or newer.
+    mbarriers and so needs sm_90 or newer; 4 is the Hopper kernel (64 rows per CTA, wgmma), which
+    exists only in sm_90a builds and so runs on compute capability 9.0 only.
     """
 
     num_splits: int
@@ -52,19 +59,42 @@ class LaunchPlan:
         return BLOCK_M[self.variant]
 
 
+def runnable_variants(capability: tuple[int, int]) -> list[str]:
+    """The names of VARIANTS a device of this compute capability can run (in VARIANTS order):
+    base16 and base32 on sm_80+, ws on sm_90+, wgmma on 9.0 only (its sm_90a build)."""
+    cap = tuple(capability)
+    out = []
+    for name in VARIANTS:
+        if name in SM90A_ONLY and cap != (9, 0):
+            continue
+        if name in NEEDS_SM90 and cap < (9, 0):
+            continue
+        out.append(name)
+    return out
+
+
 def choose_variant(rows_per_request: float, capability: tuple[int, int], forced: Optional[str] = None) -> int:
     """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel (base32
-    before sm_90). ``forced`` (a name of VARIANTS) overrides, for tests and measurements."""
+    before sm_90); on a 9.0 device with HOPPER_WGMMA_DEFAULT set, the wgmma kernel from
+    WGMMA_MIN_ROWS rows per request. ``forced`` (a name of VARIANTS) overrides, for tests and
+    measurements, and is refused on a device that cannot run it."""
+    cap = tuple(capability)
     if forced is not None:
         if forced not in VARIANTS:
             raise ValueError(f"variant {forced!r}: expected one of {sorted(VARIANTS)}")
-        if forced in NEEDS_SM90 and tuple(capability) < (9, 0):
+        if forced in SM90A_ONLY and cap != (9, 0):
+            raise ValueError(f"variant {forced!r} is built for sm_90a only (wgmma), which runs on compute "
+                             f"capability 9.0; this device is sm_{cap[0]}{cap[1]}: use one of "
+                             f"{runnable_variants(cap)}")
+        if forced in NEEDS_SM90 and cap < (9, 0):
             raise ValueError(f"variant {forced!r} needs sm_90 or newer (bulk copy, mbarrier); this device is "
-                             f"sm_{capability[0]}{capability[1]}: use base16 or base32")
+                             f"sm_{cap[0]}{cap[1]}: use base16 or base32")
         return VARIANTS[forced]
     if rows_per_request <= 16:
         return 1
-    return 3 if capability >= (9, 0) else 2
+    if HOPPER_WGMMA_DEFAULT and cap == (9, 0) and rows_per_request >= WGMMA_MIN_ROWS:
+        return VARIANTS["wgmma"]
+    return 3 if cap >= (9, 0) else 2
 
 
 def split_cost(splits: int, ctas: int, keys_per_request: float, total_rows: int, slots: int) -> float:

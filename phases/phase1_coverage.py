@@ -18,9 +18,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from kdtree.kernels.launch_plan import MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, plan_launch
+from kdtree.kernels.launch_plan import MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, plan_launch, runnable_variants
 
 # (SM count, compute capability) of the cards whose split choices are covered.
 SPLIT_DEVICES = ((188, (12, 0)), (132, (9, 0)))  # RTX PRO 6000 Blackwell, H200
@@ -75,20 +75,32 @@ def split_counts(H: int, requests: list) -> list[int]:
     return sorted({s + d for s in chosen for d in (-1, 0, 1) if 1 <= s + d <= limit})
 
 
-def coverage_cases(base_cases: list) -> list[CoverageCase]:
+def device_variants(device: str = "cuda") -> list[str]:
+    """The variants the current CUDA device runs (`launch_plan.runnable_variants`: wgmma on a 9.0
+    device only); every variant when there is no CUDA device (the cases are then only listed)."""
+    import torch  # noqa: PLC0415
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return runnable_variants(torch.cuda.get_device_capability())
+    return list(VARIANTS)
+
+
+def coverage_cases(base_cases: list, variants: Optional[Sequence[str]] = None) -> list[CoverageCase]:
     """The coverage cases for ``base_cases`` (tuples starting (name, H, [(T_b, L_b)], kind)):
-    every case through every variant, split counts around SPLIT_DEVICES' choices, and
-    LARGE_POOL_CASES on a pool past 2^31 elements (plan's launch, then every variant)."""
+    every case through every variant of ``variants`` (default: all of VARIANTS; the gate passes
+    `device_variants()`), split counts around SPLIT_DEVICES' choices, and LARGE_POOL_CASES on a
+    pool past 2^31 elements (plan's launch, then every variant)."""
+    variants = list(VARIANTS) if variants is None else list(variants)
     out = []
     for name, H, reqs, kind, *_ in base_cases:
-        for variant in VARIANTS:
+        for variant in variants:
             out.append(CoverageCase(f"{name} [{variant}]", H, list(reqs), kind, variant=variant,
                                     params={"H": H, "requests": reqs, "tree": kind, "variant": variant}))
         for splits in split_counts(H, reqs):
             out.append(CoverageCase(f"{name} [splits {splits}]", H, list(reqs), kind, num_splits=splits,
                                     params={"H": H, "requests": reqs, "tree": kind, "num_splits": splits}))
     for name, H, reqs, kind in LARGE_POOL_CASES:
-        for variant in (None, *VARIANTS):
+        for variant in (None, *variants):
             out.append(CoverageCase(f"{name} [slots >= {HIGH_SLOT}{', ' + variant if variant else ''}]", H,
                                     list(reqs), kind, variant=variant, pool_slots=LARGE_POOL_SLOTS,
                                     min_slot=HIGH_SLOT,
@@ -97,7 +109,7 @@ def coverage_cases(base_cases: list) -> list[CoverageCase]:
     return out
 
 
-def accuracy_cases(base_cases: list) -> list:
+def accuracy_cases(base_cases: list, variants: Optional[Sequence[str]] = None) -> list:
     """`coverage_cases` as the accuracy gate's `AccuracyCase` objects (outputs: out, lse)."""
     from kdtree.gates.accuracy import AccuracyCase  # noqa: PLC0415
 
@@ -109,4 +121,4 @@ def accuracy_cases(base_cases: list) -> list:
                 "lse": torch.empty(nq, heads, dtype=torch.float32, device=inp["q"].device)}
 
     return [AccuracyCase(name=c.name, make_inputs=c.make_inputs, make_outputs=outputs, params=c.params)
-            for c in coverage_cases(base_cases)]
+            for c in coverage_cases(base_cases, variants)]

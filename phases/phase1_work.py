@@ -90,7 +90,7 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
     from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
-    from kdtree.phases.phase1_coverage import accuracy_cases as coverage  # noqa: PLC0415
+    from kdtree.phases.phase1_coverage import accuracy_cases as coverage, device_variants  # noqa: PLC0415
     from kdtree.tools.cases import oracle  # noqa: PLC0415
 
     own_kernel = candidate_fn is None
@@ -121,8 +121,8 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
     all_cases = [case(*c) for c in (ACCURACY_CASES if cases is None else cases)]
     all_cases += [case(*c, make=_structured_inputs, label="dominant keys")
                   for c in (STRUCTURED_CASES if structured is None else structured)]
-    if own_kernel and cases is None:  # every variant, split counts of other GPUs, slots past 2^31 elements
-        all_cases += coverage(ACCURACY_CASES)
+    if own_kernel and cases is None:  # every variant the device runs, split counts of other GPUs, slots past 2^31
+        all_cases += coverage(ACCURACY_CASES, device_variants(ctx.device))
     return run(spec, all_cases, candidate, reference, ctx, row_scale=lambda inp, exp: {"out": row_scale(inp)})
 
 

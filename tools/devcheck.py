@@ -1,15 +1,18 @@
 """One call on the GPU machine: build the kernel, check every variant against the oracle, time it.
 
-    python -m kdtree.tools.devcheck [--out DIR] [--quick] [--variants base16,base32,ws]
+    python -m kdtree.tools.devcheck [--out DIR] [--quick] [--variants base16,base32,ws,wgmma]
                                     [--splits 1,4,16] [--time-variants ws] [--configs 'H,T,B,L;...']
+                                    [--compare-variants wgmma,ws,base32]
 
 Prints the device, the build time, a correctness table (fresh random inputs, NaN-poisoned
-outputs, fp64 oracle; every variant forced through `kdtree.kernels.cuda_op.launch`) and a
+outputs, fp64 oracle; every variant the device runs forced through `kdtree.kernels.cuda_op.launch`) and a
 timing table (the tools' queued timer, interleaved with the baselines that are importable)
 against the roofline measured in the same run. Writes devcheck.json into --out (default $OUT or
 .). This is the kernel engineer's inner loop; the phase-1 gates and `kdtree.tools.bench` are the
 formal record. ``--profile H,T,B,L`` only runs that config a few times (for ncu), with
-``--variant`` / ``--splits`` forcing the launch.
+``--variant`` / ``--splits`` forcing the launch. ``--compare-variants`` times the named variants
+interleaved in one table (each checked against the first) and prints each one's time over the
+first's, per config and in the median.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Optional
 import torch
 
 from kdtree.kernels import cli
-from kdtree.kernels.launch_plan import VARIANTS
+from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
 from kdtree.tools.cases import call, make_case, make_pool, oracle, pool_slots_for
 from kdtree.tools.roofline import Shape, bytes_moved, flops, floor_seconds
 from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
@@ -174,6 +177,37 @@ def fmt_row(row, names):
     return s
 
 
+def compare_table(rows: list[dict], names: list[str]) -> str:
+    """A compact table of `time_configs` rows: ms per variant, ratios to the first, roofline."""
+    first = names[0]
+    head = f"{'config':<24}{'floor':>8}" + "".join(f"{n:>10}" for n in names)
+    head += "".join(f"{n + '/' + first:>14}" for n in names[1:]) + f"{'roof ' + first:>12}"
+    lines = [head]
+    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    for row in rows:
+        cfg = f"H{row['H']} T{row['T']} B{row['B']} L{row['L'] // 1024}k"
+        ms = {n: row[n]["ms"] for n in names if isinstance(row.get(n), dict) and "ms" in row[n]}
+        line = f"{cfg:<24}{row['floor_ms']:>8.3f}" + "".join(f"{ms[n]:>10.3f}" if n in ms else f"{'-':>10}"
+                                                           for n in names)
+        for n in names[1:]:
+            if n in ms and first in ms:
+                ratios[n].append(ms[n] / ms[first])
+                line += f"{ms[n] / ms[first]:>14.2f}"
+            else:
+                line += f"{'-':>14}"
+        line += f"{row['floor_ms'] / ms[first]:>12.3f}" if first in ms else f"{'-':>12}"
+        lines.append(line)
+    rels = [row[n]["rel_vs_first"] for row in rows for n in names[1:]
+            if isinstance(row.get(n), dict) and "rel_vs_first" in row[n]]
+    if rels:
+        lines.append(f"outputs vs {first}: rel-L2 max {max(rels):.2e}")
+    for n, rs in ratios.items():
+        if rs:
+            lines.append(f"{n} time / {first} time: median {statistics.median(rs):.2f}, min {min(rs):.2f}, "
+                         f"max {max(rs):.2f} over {len(rs)} configs")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kdtree.tools.devcheck", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -182,8 +216,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--impl", action="append", default=None, choices=["cuda", "naive", "triton", "none"],
                     help="what to time besides nothing (repeatable; 'none': correctness only)")
     ap.add_argument("--pool-gb", type=cli.positive_float, default=8.0)
-    ap.add_argument("--variants", type=parse_variants, default=list(VARIANTS), help="kernel variants to check")
+    ap.add_argument("--variants", type=parse_variants, default=None,
+                    help="kernel variants to check (default: every variant this device runs)")
     ap.add_argument("--time-variants", type=parse_variants, default=[], help="also time these variants")
+    ap.add_argument("--compare-variants", type=parse_variants, default=[],
+                    help="time these variants interleaved in one table (ratios to the first)")
     ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the variant of every timed cuda call")
     ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
     ap.add_argument("--profile", type=parse_configs, help="H,T,B,L: only run that config a few times (for ncu)")
@@ -219,7 +256,8 @@ def main(argv=None) -> int:
     report["build_s"] = time.time() - t0
     print(f"build {report['build_s']:.1f}s", flush=True)
     rows = []
-    for variant in ([] if args.time_only else args.variants):
+    variants = args.variants if args.variants is not None else runnable_variants(torch.cuda.get_device_capability())
+    for variant in ([] if args.time_only else variants):
         for r in check_correctness(kernel(variant), trials=1 if args.quick else 2):
             rows.append(dict(r, variant=variant))
     report["correctness"] = rows
@@ -227,16 +265,21 @@ def main(argv=None) -> int:
         print(f"{'ok ' if r['ok'] else 'BAD'} {r['variant']:<7}{r['case']:<28} rel {r['rel_l2']:.2e} max {r['max_abs']:.2e} "
               f"lse {r['lse_abs']:.2e} unwritten {r['unwritten']}", flush=True)
     names = args.impl or ["cuda", "naive", "triton"]
-    if names != ["none"]:
+    if names != ["none"] or args.compare_variants:
         bw, fl = measure_ceilings()
         report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
         print(f"copy {bw / 1e9:.0f} GB/s  matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
         pool = make_pool(pool_slots_for(args.pool_gb))
         timer = gpu_timer()
         configs = args.configs or (TIMING[:4] if args.quick else TIMING)
-        found = baselines()
+        if args.compare_variants:
+            print(f"-- variants interleaved: {', '.join(args.compare_variants)}", flush=True)
+            rows_cmp = time_configs(configs, pool, bw, fl, {v: kernel(v) for v in args.compare_variants}, timer)
+            report["variant_compare"] = dict(variants=args.compare_variants, rows=rows_cmp)
+            print(compare_table(rows_cmp, args.compare_variants), flush=True)
+        found = baselines() if names != ["none"] else {}
         fns = {n: kernel(args.variant) if n == "cuda" else found[n] for n in names if n == "cuda" or n in found}
-        report["timing"] = time_configs(configs, pool, bw, fl, fns, timer)
+        report["timing"] = time_configs(configs, pool, bw, fl, fns, timer) if fns else []
         report["variant_sweep"] = []
         for v in args.time_variants:
             print(f"-- variant={v}")

@@ -5,12 +5,16 @@ then ours on a random tree, ours on the chain, FA2 and FA3 on the chain are time
 each call queued behind an L2 wipe and a busy-wait (the benchmark's timer). Writes a JSON and a
 markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up FlashInfer).
 
-    python3 -m kdtree.tools.peers --out $OUT [--shapes issue|grid|quick] [--backends fa2,fa3]
+    python3 -m kdtree.tools.peers --out $OUT [--shapes issue|grid|quick] [--backends fa2,fa3] [--variant wgmma]
+
+``--variant`` forces our kernel's variant (`kdtree.kernels.cuda_op.launch`), e.g. the Hopper
+wgmma variant while the default dispatch does not pick it yet.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -42,14 +46,15 @@ def rel_l2(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, timer, reps: int, seed: int) -> dict:
+def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, timer, reps: int, seed: int,
+            ours=tree_verify_mla) -> dict:
     case = uniform_case(shape.H, shape.T, shape.B, shape.L, "scattered", pool, seed)
     q, kv, qo, kvp, kvi, tree, scale = case_args(case)
     chain = flashinfer_peer.chain_mask(qo, device=q.device)
     out_tree = torch.empty(q.shape[0], shape.H, 512, dtype=q.dtype, device=q.device)
     out_chain = torch.empty_like(out_tree)
-    calls = {"ours_tree": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, tree, scale, out=out_tree),
-             "ours_chain": lambda r: tree_verify_mla(q, kv, qo, kvp, kvi, chain, scale, out=out_chain)}
+    calls = {"ours_tree": lambda r: ours(q, kv, qo, kvp, kvi, tree, scale, out=out_tree),
+             "ours_chain": lambda r: ours(q, kv, qo, kvp, kvi, chain, scale, out=out_chain)}
     row = dict(shape=shape.label, H=shape.H, T=shape.T, B=shape.B, L=shape.L,
                floor_ms=floor_seconds(shape, bw, rate) * 1e3)
     calls["ours_chain"](0)
@@ -116,7 +121,13 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default=",".join(flashinfer_peer.BACKENDS),
                     help="comma-separated FlashInfer backends to time (fa2,fa3)")
     ap.add_argument("--tag", default="", help="suffix of the output files (e.g. sm120smem)")
+    ap.add_argument("--variant", default=None, help="force our kernel's variant (launch_plan.VARIANTS, e.g. wgmma)")
     args = ap.parse_args(argv)
+    ours = tree_verify_mla
+    if args.variant:
+        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+
+        ours = functools.partial(launch, variant=args.variant)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     peers = {}
@@ -133,6 +144,7 @@ def main(argv=None) -> int:
     timer = gpu_timer()
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                  flashinfer=flashinfer_peer.version() + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
+                 variant=args.variant or "dispatch",
                  argv=" ".join(["python -m kdtree.tools.peers"] + (argv or sys.argv[1:])))
     rows, started = [], time.time()
     for i, shape in enumerate(shapes_for(args.shapes)):
@@ -140,7 +152,7 @@ def main(argv=None) -> int:
             print(f"budget of {args.budget_s}s spent: stopping before {shape.label}", flush=True)
             break
         t0 = time.time()
-        row = measure(shape, pool, peers, bw, rate, timer, args.reps, seed=1000 + i)
+        row = measure(shape, pool, peers, bw, rate, timer, args.reps, seed=1000 + i, ours=ours)
         rows.append(row)
         print(f"{shape.label}: " + ", ".join(f"{k}={row[k]:.3f}" for k in row if k.endswith("_ms"))
               + "".join(f" [{k}: {row[k]}]" for k in row if k.endswith("_error"))

@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python -m kdtree.tools.sanitize_driver
 
 Inputs are built on the host and copied over, and the oracle runs on the host, so the only GPU
-kernels launched are the tree-verify kernels (and the split combine). Every variant is forced
+kernels launched are the tree-verify kernels (and the split combine). Every variant the device
+runs (`launch_plan.runnable_variants`: wgmma on compute capability 9.0) is forced
 through `kdtree.kernels.cuda_op.launch`, with the plan's split count and with a forced one.
 Prints DONE_MARKER last, so a run that dies early can never pass as clean. Exit status 1 if any
 output is wrong.
@@ -29,12 +30,12 @@ FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it woul
 
 def main(argv=None) -> int:
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import VARIANTS  # noqa: PLC0415
+    from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
     from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
     from kdtree.tools.cases import make_case  # noqa: PLC0415
 
     bad = 0
-    for variant in VARIANTS:
+    for variant in runnable_variants(torch.cuda.get_device_capability()):
         for splits in FORCED_SPLITS:
             for H, reqs, kind in CASES:
                 host = make_case(H, reqs, kind, seed=7, device="cpu")

@@ -4,7 +4,9 @@
 //
 // KD_BREAK: deliberately broken kernels, for the gates' own tests (tests/phases, tests/kernels).
 //   1 reads the wrong tree-mask bits, 2 hides the prefix, 4 scales the scores wrongly,
-//   8 leaves the last row of every CTA unwritten.
+//   8 leaves the last row of every CTA unwritten, 16 breaks the wgmma variant only (sm_90a): its
+//   second warpgroup multiplies P by V's low half (a wrong operand descriptor), so columns
+//   256..511 of every row are wrong.
 // KD_SKIP: measurement builds that apportion the kernel's time by leaving work out.
 //   1 drops the QK MMAs, 2 the softmax, 4 the PV MMAs, 8 the tile loads, 16 the split-combine
 //   pass (what combining inside the kernel could save at most).
@@ -27,6 +29,9 @@ constexpr bool kSkipSoftmax = (KD_SKIP & 2) != 0;
 constexpr bool kSkipPV = (KD_SKIP & 4) != 0;
 constexpr bool kSkipLoads = (KD_SKIP & 8) != 0;
 constexpr bool kSkipCombine = (KD_SKIP & 16) != 0;
+
+// KD_BREAK 16: the wgmma variant reads the wrong half of V for its upper output columns.
+constexpr bool kWgmmaWrongHalf = (KD_BREAK & 16) != 0;
 
 // Factor on every score (KD_BREAK 4: 1.25, a wrong softmax scale).
 constexpr float kScoreScale = (KD_BREAK & 4) ? 1.25f : 1.f;

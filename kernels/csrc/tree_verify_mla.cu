@@ -6,6 +6,9 @@
 #include "tree_verify_mla_base.cuh"
 #include "tree_verify_mla_launch.h"
 #include "tree_verify_mla_ws.cuh"
+#if KDTREE_SM90A
+#include "tree_verify_mla_sm90a.cuh"  // the wgmma variant: sm_90a builds only (kdtree.kernels.jit sets KDTREE_SM90A)
+#endif
 
 namespace kdtree {
 namespace {
@@ -19,12 +22,19 @@ struct Variant {
   int threads;
   int smem;
 };
+#if KDTREE_SM90A
+constexpr int kNumVariants = 5;
+#else
 constexpr int kNumVariants = 4;
+#endif
 const Variant kVariants[kNumVariants] = {
     {nullptr, 0, 0},
     {tree_verify_mla_kernel<1>, base::kThreads, base::Smem<1>::total},  // base16
     {tree_verify_mla_kernel<2>, base::kThreads, base::Smem<2>::total},  // base32
     {tree_verify_mla_ws_kernel, ws::kThreadsWS, ws::Smem::total},       // ws: sm_90+ (bulk copy + mbarrier)
+#if KDTREE_SM90A
+    {tree_verify_mla_wgmma_kernel, wg::kThreads, wg::Smem::total},  // wgmma: sm_90a only
+#endif
 };
 
 constexpr int kMaxDevices = 64;
@@ -77,6 +87,9 @@ extern "C" __attribute__((used)) const SmemRecord kdtree_smem_records[] = {
     {"kdtree-smem-v1", 2, base::kThreads, base::Smem<2>::total,
      "_ZN6kdtree22tree_verify_mla_kernelILi2EEEvNS_16TreeVerifyParamsE"},
     {"kdtree-smem-v1", 3, ws::kThreadsWS, ws::Smem::total, "_ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE"},
+#if KDTREE_SM90A
+    {"kdtree-smem-v1", 4, wg::kThreads, wg::Smem::total, "_ZN6kdtree28tree_verify_mla_wgmma_kernelENS_16TreeVerifyParamsE"},
+#endif
     {"kdtree-smem-v1", 0, kCombineThreads, 0, "_ZN6kdtree21combine_splits_kernelENS_16TreeVerifyParamsE"},
 };
 

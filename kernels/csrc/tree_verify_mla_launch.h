@@ -29,7 +29,8 @@ struct TreeVerifyParams {
 
 // Launch on `stream`: no allocation, no synchronisation. grid_y = row blocks per request (an
 // upper bound from shapes); variant: 1 and 2 the base kernel with 16 or 32 rows per CTA, 3 the
-// warp-specialised kernel (32 rows per CTA, sm_90+).
+// warp-specialised kernel (32 rows per CTA, sm_90+), 4 the wgmma kernel (64 rows per CTA; only in
+// builds for sm_90a, where KDTREE_SM90A is defined; elsewhere 4 is an invalid variant).
 cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int variant, cudaStream_t stream);
 
 // Dynamic shared memory per block of a variant (-1 for an unknown one).

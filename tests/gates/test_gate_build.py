@@ -117,6 +117,63 @@ def test_a_log_without_a_resource_report_measured_nothing():
     assert r.outcome is Outcome.FAILED and "no kernel" in r.summary
 
 
+SASS_TWO = """
+	code for sm_90a
+		Function : wide_kernel
+        /*0000*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;  /* 0x000000001818799f */
+        /*0010*/                   EXIT ;                                          /* 0x000000000000794d */
+		Function : plain_kernel
+        /*0000*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;           /* 0x000000000804723c */
+        /*0010*/                   EXIT ;                                          /* 0x000000000000794d */
+"""
+PTXAS_TWO = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'wide_kernel' for 'sm_90a'
+ptxas info    : Function properties for wide_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 5 barriers
+ptxas info    : Compiling entry function 'plain_kernel' for 'sm_90a'
+ptxas info    : Function properties for plain_kernel
+    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers
+"""
+
+
+def _two(**update):
+    spec = SPEC.model_copy(update={"archs": ["sm_90a"], "forbidden_sass": [], "max_shared_bytes": 232448, **update})
+    out = BuildOutput(PTXAS_TWO, sass=SASS_TWO, dynamic_smem_bytes={"wide_kernel": 231200})
+    return check_build(spec, fake_compiler({"sm_90a": out}), GateContext())
+
+
+def test_only_kernels_holds_the_named_kernels_alone():
+    assert _two().outcome is Outcome.FAILED  # plain_kernel spills
+    r = _two(only_kernels=["wide_"], required_sass=["HGMMA"])
+    assert r.outcome is Outcome.PASSED, r.summary
+    assert fig(r, "sm_90a kernels").value == 1 and fig(r, "sm_90a max_smem_bytes").value == 231200
+    assert fig(r, "sm_90a required_sass_missing").value == 0 and fig(r, "sm_90a max_registers").value == 168
+    rows = {row["function"]: row for row in r.details["kernels"]}
+    assert rows["plain_kernel"]["checked"] is False and "checked" not in rows["wide_kernel"]
+    assert r.details["required_sass_counts"] == {"sm_90a": {"HGMMA": 1}}
+
+
+def test_required_sass_must_be_in_the_checked_kernels():
+    r = _two(only_kernels=["plain_"], required_sass=["HGMMA"], max_spill_bytes=8)
+    assert r.outcome is Outcome.FAILED and "required SASS ['HGMMA'] not found" in r.summary
+    assert fig(r, "sm_90a required_sass_missing").value == 1
+
+
+def test_required_sass_without_sass_is_unknown_and_fails():
+    spec = SPEC.model_copy(update={"archs": ["sm_90a"], "forbidden_sass": [], "required_sass": ["HGMMA"],
+                                   "only_kernels": ["wide_"]})
+    r = check_build(spec, fake_compiler({"sm_90a": BuildOutput(PTXAS_TWO)}), GateContext())
+    assert r.outcome is Outcome.FAILED and fig(r, "sm_90a required_sass_missing").value is None
+
+
+def test_only_kernels_naming_nothing_fails():
+    r = _two(only_kernels=["missing_kernel"])
+    assert r.outcome is Outcome.FAILED and "no kernel named like ['missing_kernel']" in r.summary
+
+
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     if shutil.which("nvcc") is None:

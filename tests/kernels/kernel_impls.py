@@ -28,6 +28,7 @@ class Impl:
     max_abs: float
     lse_abs: float
     gpu: bool = False  # needs a CUDA GPU: runs on CUDA tensors, skipped without one
+    variant: Optional[str] = None  # a forced CUDA kernel variant: skipped on a GPU that cannot run it
     triton: bool = False  # CUDA when there is a GPU, else CPU under TRITON_INTERPRET=1 (tiny cases)
 
     def fn(self):
@@ -37,7 +38,14 @@ class Impl:
     def device(self) -> Optional[str]:
         """Where it runs here, or None when it cannot run in this process."""
         if self.gpu:
-            return "cuda" if torch.cuda.is_available() else None
+            if not torch.cuda.is_available():
+                return None
+            if self.variant is not None:
+                from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
+
+                if self.variant not in runnable_variants(torch.cuda.get_device_capability()):
+                    return None
+            return "cuda"
         if self.triton:
             if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
                 return "cpu"
@@ -45,6 +53,9 @@ class Impl:
         return "cpu"
 
     def skip_reason(self) -> str:
+        if self.gpu and self.variant is not None and torch.cuda.is_available():
+            cap = torch.cuda.get_device_capability()
+            return f"variant {self.variant} does not run on sm_{cap[0]}{cap[1]} (launch_plan.runnable_variants)"
         if self.gpu:
             return "needs a CUDA GPU"
         return ("triton without a GPU runs only under TRITON_INTERPRET=1 "
@@ -69,9 +80,9 @@ IMPLS = [
          rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, triton=True),
     Impl("cuda", "kdtree.kernels:tree_verify_mla", torch.bfloat16, rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True),
     *(Impl(f"cuda-{v}", f"cuda_variants:tree_verify_mla_{v}", torch.bfloat16,
-           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True) for v in ("base16", "base32", "ws")),
+           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True, variant=v) for v in ("base16", "base32", "ws", "wgmma")),
     *(Impl(f"cuda-{v}-split3", f"cuda_variants:tree_verify_mla_{v}_split3", torch.bfloat16,
-           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True) for v in ("base16", "base32", "ws")),
+           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True, variant=v) for v in ("base16", "base32", "ws", "wgmma")),
 ]
 
 BY_NAME = {impl.name: impl for impl in IMPLS}

@@ -1,7 +1,9 @@
 """Deliberately broken builds of the kernel (test_hooks.cuh's KD_BREAK) go wrong in the way each
 was broken, in every variant: each flag is compiled into a fresh extension in a child process,
-every variant is forced through `cuda_op.launch` (with one KV split and with three), and the output is held against the fp64 oracle. A correct build must pass the same
-check, so the check itself can fail both ways. GPU only."""
+every variant the device runs is forced through `cuda_op.launch` (with one KV split and with
+three), and the output is held against the fp64 oracle. A correct build must pass the same
+check, so the check itself can fail both ways. KD_BREAK 16 breaks the wgmma variant alone (on a
+9.0 device). GPU only."""
 
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ import pytest
 _SCRIPT = r"""
 import json, torch
 from kdtree.kernels.cuda_op import launch
-from kdtree.kernels.launch_plan import VARIANTS
+from kdtree.kernels.launch_plan import runnable_variants
 from kdtree.tools.cases import call, make_case, oracle
 case = make_case(8, [(40, 300), (7, 45)], "random", seed=11)
 ref_out, ref_lse = oracle(case)
 rows = []
-for variant in VARIANTS:
+for variant in runnable_variants(torch.cuda.get_device_capability()):
     for splits in (1, 3):
         out = torch.full((47, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((47, 8), float("nan"), dtype=torch.float32, device="cuda")
@@ -30,6 +32,8 @@ for variant in VARIANTS:
         written = ~torch.isnan(o)
         rows.append(dict(variant=variant, splits=splits, unwritten=int((~written).sum()),
                          rel=float(((o - ref_out)[written]).norm() / ref_out[written].norm()),
+                         rel_hi=float(((o - ref_out)[..., 256:]).norm() / ref_out[..., 256:].norm()),
+                         rel_lo=float(((o - ref_out)[..., :256]).norm() / ref_out[..., :256].norm()),
                          lse_abs=float((lse.double() - ref_lse.double()).abs().nan_to_num(0.0).max())))
 print(json.dumps(rows))
 """
@@ -66,3 +70,21 @@ def test_unwritten_rows_stay_poisoned_and_the_rest_is_right():
             assert r["rel"] < 1e-2, r  # the rows it did write are right: the failure is the gap
         else:  # the combine pass writes every row, from a partial that was never written
             assert r["rel"] > 5e-2 or r["unwritten"] > 0, r
+
+
+@pytest.mark.gpu
+def test_a_wgmma_only_break_is_wrong_in_wgmma_alone():
+    import torch
+
+    from kdtree.kernels.launch_plan import runnable_variants
+
+    if "wgmma" not in runnable_variants(torch.cuda.get_device_capability()):
+        pytest.skip("the wgmma variant runs on compute capability 9.0 only")
+    rows = _run("-DKD_BREAK=16")
+    assert {r["variant"] for r in rows} == set(runnable_variants(torch.cuda.get_device_capability()))
+    for r in rows:
+        assert r["unwritten"] == 0, r
+        if r["variant"] == "wgmma":  # its second warpgroup read V's low half: columns 256.. are wrong
+            assert r["rel_hi"] > 5e-2 and r["rel_lo"] < 1e-2, r
+        else:
+            assert r["rel"] < 1e-2 and r["lse_abs"] < 1e-2, r

@@ -146,7 +146,8 @@ def test_host_call_allocates_out_only_when_missing():
 
 # --- the memoised plan ---------------------------------------------------------------------------
 
-FORCED = [(None, None), ("base32", None), (None, 3), ("base16", 2), ("ws", 1), (None, None)]
+FORCED = [(None, None), ("base32", None), (None, 3), ("base16", 2), ("ws", 1), ("wgmma", None), ("wgmma", 4),
+          (None, None)]
 
 
 def test_cached_plan_follows_the_forced_variant_and_splits():
@@ -155,7 +156,7 @@ def test_cached_plan_follows_the_forced_variant_and_splits():
     num_kv = case["kv_indices"].numel()
     for variant, splits in FORCED * 2:
         for sms, cap in [(132, (9, 0)), (84, (12, 0)), (108, (8, 0))]:
-            if variant == "ws" and cap < (9, 0):
+            if variant is not None and variant not in launch_plan.runnable_variants(cap):
                 continue
             plan = cuda_op.cached_plan(problem, num_kv, sms, cap, variant, splits)
             assert plan == launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, num_kv, sms, cap, variant=variant,

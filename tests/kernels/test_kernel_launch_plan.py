@@ -67,7 +67,7 @@ def test_forced_variant_is_an_argument_checked_against_the_device():
     assert lp.choose_variant(64, (9, 0), "base32") == lp.VARIANTS["base32"]
     assert _forced(variant="base16").variant == lp.VARIANTS["base16"]
     assert _forced(variant="base16").block_m == 16
-    with pytest.raises(ValueError, match=r"variant 'g64': expected one of \['base16', 'base32', 'ws'\]"):
+    with pytest.raises(ValueError, match=r"variant 'g64': expected one of \['base16', 'base32', 'wgmma', 'ws'\]"):
         lp.choose_variant(64, (9, 0), "g64")
     with pytest.raises(ValueError, match="variant 'ws' needs sm_90 or newer"):
         lp.choose_variant(64, (8, 6), "ws")
@@ -100,3 +100,41 @@ def test_nothing_in_the_plan_reads_the_environment():
 def test_grid_covers_the_largest_request():
     plan = lp.plan_launch(num_rows=300, num_heads=16, batch=3, mask_words=8, num_kv=3000, sm_count=132)
     assert plan.grid_y * plan.block_m >= 256 * 16
+
+
+# --- the Hopper variant (issue 17) -------------------------------------------------------------
+
+
+def test_runnable_variants_by_capability():
+    assert lp.runnable_variants((9, 0)) == ["base16", "base32", "ws", "wgmma"]
+    for cap in [(12, 0), (10, 0), (9, 1)]:
+        assert lp.runnable_variants(cap) == ["base16", "base32", "ws"], cap  # sm_90a code runs on 9.0 only
+    assert lp.runnable_variants((8, 0)) == lp.runnable_variants((8, 9)) == ["base16", "base32"]
+    assert set(lp.runnable_variants((9, 0))) == set(lp.VARIANTS)
+
+
+def test_wgmma_is_forced_on_9_0_only():
+    assert lp.choose_variant(64, (9, 0), "wgmma") == lp.VARIANTS["wgmma"]
+    plan = _forced(H=64, T=64, B=8, variant="wgmma")
+    assert plan.variant == lp.VARIANTS["wgmma"] and plan.block_m == 64 and plan.grid_y == 64
+    for cap in [(12, 0), (10, 0), (8, 0)]:
+        with pytest.raises(ValueError, match=r"variant 'wgmma' is built for sm_90a only .* use one of"):
+            lp.choose_variant(64, cap, "wgmma")
+    assert lp.variant_name(lp.VARIANTS["wgmma"]) == "wgmma"
+
+
+def test_default_dispatch_takes_wgmma_on_9_0_from_64_rows_and_never_elsewhere(monkeypatch):
+    assert lp.HOPPER_WGMMA_DEFAULT is True  # validated on the H200 (plans/results/hopper/)
+    assert lp.choose_variant(16, (9, 0)) == lp.VARIANTS["base16"]
+    assert lp.choose_variant(lp.WGMMA_MIN_ROWS - 1, (9, 0)) == lp.VARIANTS["ws"]
+    assert lp.choose_variant(lp.WGMMA_MIN_ROWS, (9, 0)) == lp.VARIANTS["wgmma"]
+    assert lp.choose_variant(4096, (9, 0)) == lp.VARIANTS["wgmma"]
+    assert lp.choose_variant(4096, (12, 0)) == lp.VARIANTS["ws"]  # never off 9.0: sm_120 keeps ws
+    assert lp.choose_variant(4096, (9, 1)) == lp.VARIANTS["ws"]
+    assert lp.choose_variant(4096, (8, 0)) == lp.VARIANTS["base32"]
+    plan = _plan(64, 64, 8, 32768)
+    assert plan.variant == lp.VARIANTS["wgmma"] and plan.grid_y == 64 and plan.num_splits == 1
+    assert lp.plan_for_bucket(4, 64, 32768, 64, 132).variant == lp.VARIANTS["wgmma"]
+    monkeypatch.setattr(lp, "HOPPER_WGMMA_DEFAULT", False)  # the switch sends 9.0 back to ws
+    for rows in (17, 64, 4096):
+        assert lp.choose_variant(rows, (9, 0)) == lp.VARIANTS["ws"]

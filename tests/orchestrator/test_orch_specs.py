@@ -73,7 +73,7 @@ def test_default_plan_has_the_four_phases_in_order(tmp_path):
         ("phase1", "kernel"), ("phase2", "backend"), ("phase3", "graph capture"), ("phase4", "defrag")]
     assert DEFAULT_PLAN.markdown == "plans/0002-sm120-verify-kernel-defrag.md"
     p1 = plan.phase("phase1").spec
-    assert [g.name for g in p1.gates] == ["build", "accuracy", "token_exact", "speedup",
+    assert [g.name for g in p1.gates] == ["build", "build_sm90a", "accuracy", "token_exact", "speedup",
                                           "speedup_naive", "scatter", "sanitizer"]
     speed = p1.gate("speedup")
     # Thresholds (the phase is done): 3x the Triton baseline on every config at L >= 32k.
@@ -90,6 +90,8 @@ def test_default_plan_has_the_four_phases_in_order(tmp_path):
                      ("min_roofline", ">=", 0.35)}
     assert {(t.figure, t.op, t.value) for t in naive.targets} == {("median_speedup", ">=", 2.0)}
     assert p1.gate("build").max_shared_bytes == 101376
+    hopper = p1.gate("build_sm90a")  # issue 17: the wgmma variant's own resources, sm_90's limit
+    assert (hopper.archs, hopper.max_shared_bytes, hopper.required_sass) == (["sm_90a"], 232448, ["HGMMA"])
 
 
 def test_every_project_gate_without_its_work_reports_not_implemented(tmp_path):

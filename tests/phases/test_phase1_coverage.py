@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 from kdtree.gates.base import GateContext
-from kdtree.kernels.launch_plan import VARIANTS, plan_launch
+from kdtree.kernels.launch_plan import VARIANTS, plan_launch, runnable_variants
 from kdtree.phases import phase1_coverage as cov
 from kdtree.phases import phase1_kernel, phase1_work
 
@@ -60,3 +60,13 @@ def test_the_accuracy_gate_adds_them_for_the_owned_kernel_only(monkeypatch):
     assert {c.name for c in _cases()} <= set(seen["names"])
     phase1_work.check_accuracy(spec, GateContext(device="cpu"), candidate_fn=lambda *a, **k: None)
     assert not any("[" in n for n in seen["names"])  # another candidate: the plain cases only
+
+
+def test_cases_follow_the_variants_the_device_runs():
+    for cap, has_wgmma in [((9, 0), True), ((12, 0), False), ((8, 0), False)]:
+        cases = cov.coverage_cases(phase1_work.ACCURACY_CASES, runnable_variants(cap))
+        variants = {c.variant for c in cases if c.variant}
+        assert variants == set(runnable_variants(cap)), cap
+        assert ("wgmma" in variants) is has_wgmma
+        assert any(c.name.endswith("[wgmma]") for c in cases) is has_wgmma
+    assert cov.device_variants("cpu") == list(VARIANTS)  # no device: the whole list (nothing runs)

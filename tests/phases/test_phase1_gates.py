@@ -90,10 +90,11 @@ def _drop_tail_past_8192(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None
 
 
 def split_edges(q, qo, kvp, mask, num_kv, sm_count=132):
-    """Where the kernel's KV splits start (after the first) for this call at `sm_count` SMs."""
+    """Where the ws kernel's KV splits start (after the first) for this call at `sm_count` SMs (as an
+    sm_120 card plans it: 32-row CTAs, 32-key tiles; a 9.0 device dispatches wgmma from 64 rows)."""
     from kdtree.kernels.launch_plan import BLOCK_N, plan_launch
 
-    plan = plan_launch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, sm_count, (9, 0))
+    plan = plan_launch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, sm_count, (12, 0))
     edges = {}
     kv_l = kvp.tolist()
     for b in range(len(kv_l) - 1):
@@ -380,6 +381,33 @@ def test_build_gate_bites_on_the_real_kernel():
         assert result.outcome is Outcome.FAILED, (tighter, result.summary)
 
 
+@needs_nvcc
+def test_build_sm90a_gate_passes_the_wgmma_variant():
+    spec = phase1_kernel.SPEC.gate("build_sm90a")
+    assert spec.archs == ["sm_90a"] and spec.required_sass == ["HGMMA"]
+    result = run_check(spec, phase1_kernel.CHECKS["build_sm90a"], _ctx())
+    assert result.outcome is Outcome.PASSED, result.summary
+    checked = [r for r in result.details["kernels"] if r.get("checked", True)]
+    assert [r["function"] for r in checked] == ["_ZN6kdtree28tree_verify_mla_wgmma_kernelENS_16TreeVerifyParamsE"]
+    assert 101376 < checked[0]["smem_dynamic"] <= 232448 and checked[0]["spill_stores"] == 0
+    figures = {f.name: f.value for f in result.figures}
+    assert figures["sm_90a required_sass_missing"] == 0 and figures["sm_90a kernels"] == 1
+    # the sm_90 / sm_120 gate is the one it was: no wgmma there, sm_120's shared-memory limit
+    build = phase1_kernel.SPEC.gate("build")
+    assert build.archs == ["sm_90", "sm_120"] and "HGMMA" in build.forbidden_sass and build.max_shared_bytes == 101376
+    assert not build.only_kernels and not build.required_sass
+
+
+@needs_nvcc
+def test_build_sm90a_gate_bites():
+    base = phase1_kernel.SPEC.gate("build_sm90a")
+    for tighter in ({"archs": ["sm_90"]},  # no wgmma kernel in an sm_90 build
+                    {"required_sass": ["HGMMA", "UTCHMMA"]}, {"max_shared_bytes": 101376},
+                    {"max_registers": 128}, {"only_kernels": ["no_such_kernel"]}):
+        result = run_check(base.model_copy(update=tighter), phase1_kernel.CHECKS["build_sm90a"], _ctx())
+        assert result.outcome is Outcome.FAILED, (tighter, result.summary)
+
+
 _BROKEN_BUILD_SCRIPT = r"""
 import json, sys
 from kdtree.gates.base import GateContext, run_check
@@ -415,6 +443,25 @@ def test_accuracy_gate_fails_broken_cuda_builds_for_their_reason(flag):
     assert must_fail in failed, sorted(failed)
     if must_pass is not None:
         assert must_pass not in failed, sorted(failed)
+
+
+@pytest.mark.gpu
+def test_accuracy_gate_fails_a_wgmma_only_break_in_the_wgmma_cases_only():
+    import torch
+
+    from kdtree.kernels.launch_plan import runnable_variants
+
+    if "wgmma" not in runnable_variants(torch.cuda.get_device_capability()):
+        pytest.skip("the wgmma variant runs on compute capability 9.0 only")
+    env = dict(os.environ, KDTREE_NVCC_FLAGS="-DKD_BREAK=16")  # its second warpgroup reads V's low half
+    proc = subprocess.run([sys.executable, "-c", _BROKEN_BUILD_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "failed", result["summary"]
+    failed = {f["case"] for f in result["failures"]}
+    assert "random H8 T16 L1000 [wgmma]" in failed, sorted(failed)
+    assert all("wgmma" in name for name in failed), sorted(failed)  # the other variants and the default dispatch pass
 
 
 @pytest.mark.gpu

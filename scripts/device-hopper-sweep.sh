@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One GPU call that decides between builds of the Hopper wgmma variant (issue 17): every flag set
+# is built for sm_90a in parallel through the JIT loader, checked against the fp64 oracle (devcheck,
+# wgmma forced; KD_SKIP builds are measurement builds and skip this), and timed interleaved with
+# the ws kernel on tensor-core-bound and bandwidth-bound configs (ratio wgmma / ws per config);
+# then compute-sanitizer (racecheck, memcheck) over the sanitizer driver with the first flag set,
+# and, when .peers-carry is carried, ours (wgmma forced, first flag set) against FlashInfer
+# 0.7.2's FA2/FA3 MLA on the issue's shapes. Logs land in $OUT/hopper-sweep.tgz; the call stays within
+# SWEEP_BUDGET seconds (default 560).
+#   bash scripts/device-hopper-sweep.sh "" "-DKD_WG_PRODUCER=0" "-DKD_SKIP=8"
+# (carry .whl; .peers-carry too for the peers step.) CONFIGS="H,T,B,L;..." overrides the configs.
+set -u
+BUDGET=${SWEEP_BUDGET:-560}
+START=$(date +%s)
+source "$(dirname "$0")/device-env.sh"
+OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
+LOGS=/tmp/hopper-sweep; rm -rf "$LOGS"; mkdir -p "$LOGS"  # packed into $OUT/hopper-sweep.tgz at the end
+export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
+CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;8,1024,1,32768;16,64,1,131072;8,16,1,32768"}
+[ $# -gt 0 ] || set -- ""
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() {  # step NAME CAP CMD...: CMD under min(CAP, time left - 10 s), output in $OUT/NAME.log
+  local name=$1 cap=$2; shift 2
+  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+  if [ "$t" -lt 15 ]; then echo "== $name: skipped (budget spent)"; return 99; fi
+  timeout --kill-after=5 "$t" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
+  return $rc
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+
+i=0
+for f in "$@"; do
+  KDTREE_NVCC_FLAGS="$f" timeout 300 python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" \
+    > "$LOGS/build$i.log" 2>&1 &
+  i=$((i + 1))
+done
+wait
+echo "built $# flag sets in $(( $(date +%s) - START )) s"
+
+i=0
+for f in "$@"; do
+  echo "######## flags '$f'"
+  case "$f" in
+    *KD_SKIP*) ;;
+    *) KDTREE_NVCC_FLAGS="$f" step "check$i" 90 python3 -m kdtree.tools.devcheck --out "$LOGS/check$i" --quick \
+         --variants wgmma --impl none
+       grep -E "^(ok |BAD)" "$LOGS/check$i.log" | awk '{print $1}' | sort | uniq -c
+       grep -E "^BAD|Error|error" "$LOGS/check$i.log" | head -5 ;;
+  esac
+  KDTREE_NVCC_FLAGS="$f" step "time$i" 120 python3 -m kdtree.tools.devcheck --out "$LOGS/time$i" --time-only \
+    --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
+  sed -n '/^config /,$p' "$LOGS/time$i.log"
+  grep -E "Error|error" "$LOGS/time$i.log" | head -3
+  i=$((i + 1))
+done
+
+export KDTREE_NVCC_FLAGS="$1"
+for tool in racecheck memcheck; do
+  step "$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 86 python3 -m kdtree.tools.sanitize_driver
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG|done" "$LOGS/$tool.log" | tail -3
+  grep -E "Error|Race|hazard" "$LOGS/$tool.log" | head -4
+done
+
+_carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
+if [ -d "$_carry" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi-tvm "$_carry"/apache_tvm_ffi-*.whl
+  python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-site')"
+  export FLASHINFER_JIT_VERBOSE=0 MAX_JOBS=16 PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$PYTHONPATH"
+  step peers 300 python3 -m kdtree.tools.peers --out "$LOGS" --shapes issue --budget-s 200 --variant wgmma --tag wgmma
+  tail -14 "$LOGS/peers.log"
+fi
+tar czf "$OUT/hopper-sweep.tgz" -C "$LOGS" .
+echo "done in $(( $(date +%s) - START ))s"
+ls "$OUT"
