@@ -22,6 +22,7 @@ from kdtree.gates.spec import (
 )
 
 FA2 = "vs FlashInfer 0.7.2 FA2 MLA (mma.sync), causal chain, same shapes"
+FA3 = "vs FlashInfer 0.7.2 FA3 MLA (wgmma, sm_90a), causal chain, same shapes"
 
 SPEC = PhaseSpec(
     id="phase1",
@@ -87,6 +88,13 @@ SPEC = PhaseSpec(
             targets=[
                 Target(figure="fa2_min_speedup", op=">=", value=1.0, unit="x", note=FA2 + ", every config"),
                 Target(figure="fa2_median_speedup", op=">=", value=1.25, unit="x", note=FA2 + ", median"),
+                Target(figure="fa3_min_speedup_tc", op=">=", value=1.0, unit="x",
+                       note=FA3 + ", every tensor-core-bound config (Hopper only, issue 17)"),
+                Target(figure="fa3_median_speedup", op=">=", value=1.1, unit="x",
+                       note=FA3 + ", median (Hopper only, issue 17)"),
+                Target(figure="median_roofline", op=">=", value=0.75,
+                       note="fraction of the roofline floor reached, median, on Hopper with the wgmma variant "
+                            "(issue 17)"),
                 Target(figure="median_roofline", op=">=", value=0.36, note="fraction of the roofline floor reached, median"),
                 Target(figure="median_speedup", op=">=", value=20.0, unit="x", note="the threshold until issue 15, kept as a target"),
                 Target(figure="min_speedup", op=">=", value=5.0, unit="x", note="the threshold until issue 15, kept as a target"),

@@ -1,12 +1,15 @@
-"""Phase 1's comparison with FlashInfer's FA2 MLA kernel (mma.sync): the targets' figures.
+"""Phase 1's comparison with FlashInfer's MLA kernels: FA2 (mma.sync, the sm_120-portable peer) and,
+on a Hopper device, FA3 (wgmma; issue 17's targets for our wgmma variant). The targets' figures.
 
 FA2 takes a causal mask only, so both sides run the **chain** of each speed config: the same
 inputs, so the speed mechanism can check that they agree before timing counts, and our kernel's
 time on a chain is its time on a tree of the same size (the mask is a few bit tests per tile:
 ours on random trees and on chains differ by < 0.5 % over the 72-shape grid, plans/results/phase1/
-peers_grid.md). The figures ``fa2_median_speedup`` / ``fa2_min_speedup`` (FA2 time / ours) feed
-the speed gate's targets; where FlashInfer is not importable the gate's details say why and the
-targets read "not measured".
+peers_grid.md). The figures ``<peer>_median_speedup`` / ``<peer>_min_speedup`` (peer time / ours)
+feed the speed gate's targets, and ``<peer>_min_speedup_tc`` the minimum over the tensor-core-bound
+configs only (FLOPs / matmul rate above bytes / copy bandwidth: issue 17's "every tensor-core-bound
+config"); where FlashInfer or the peer is unavailable (FA3 off Hopper) the gate's details say why and
+the targets read "not measured".
 """
 
 from __future__ import annotations
@@ -16,35 +19,40 @@ from typing import Callable
 from kdtree.gates.base import Figure, GateContext, GateResult
 
 
-def add_fa2_figures(result: GateResult, spec, configs: list, ctx: GateContext, op: Callable,
-                    timer, floor_s) -> None:
-    """Time ``op`` against FlashInfer FA2 on the chains of ``configs``; add the two figures."""
+def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, op: Callable,
+                     timer, floor_s, backend: str = "fa2", tensor_bound: Callable = lambda cfg: True) -> None:
+    """Time ``op`` against FlashInfer's ``backend`` on the chains of ``configs``; add its figures."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import flashinfer_peer  # noqa: PLC0415
 
-    reason = flashinfer_peer.unavailable_reason("fa2")
+    reason = flashinfer_peer.unavailable_reason(backend)
     if reason is not None:
-        result.details["fa2"] = f"not measured: FlashInfer FA2 MLA unavailable here ({reason})"
+        result.details[backend] = f"not measured: FlashInfer {backend.upper()} MLA unavailable here ({reason})"
         return
-    peer = flashinfer_peer.FlashInferMLA("fa2")
+    peer = flashinfer_peer.FlashInferMLA(backend)
     args = ("q", "kv_cache", "qo_indptr", "kv_indptr", "kv_indices", "tree_mask", "sm_scale")
 
     def chained(cfg: SpeedConfig) -> SpeedConfig:
         def make_inputs(seed, device):
             case = dict(cfg.make_inputs(seed, device))
             case["tree_mask"] = flashinfer_peer.chain_mask(case["qo_indptr"], device=case["q"].device)
-            case["fa2_call"] = peer.bind(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
-                                         case["kv_indices"], case["sm_scale"])
+            case["peer_call"] = peer.bind(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+                                          case["kv_indices"], case["sm_scale"])
             return case
         return SpeedConfig(name=cfg.name, params=cfg.params, make_inputs=make_inputs, refresh=cfg.refresh)
 
     peer_spec = spec.model_copy(update={"min_median_speedup": 0.0, "min_each_speedup": 0.0})
-    ctx.progress("timing FlashInfer FA2 MLA (chain) against the kernel", None)
+    ctx.progress(f"timing FlashInfer {backend.upper()} MLA (chain) against the kernel", None)
     peer_result = check_speedup(peer_spec, [chained(c) for c in configs],
-                                lambda c: op(*(c[k] for k in args)), lambda c: c["fa2_call"](), ctx,
+                                lambda c: op(*(c[k] for k in args)), lambda c: c["peer_call"](), ctx,
                                 timer=timer, floor_s=floor_s)
     by_name = {f.name: f.value for f in peer_result.figures}
-    result.figures += [Figure(name="fa2_median_speedup", value=by_name.get("median_speedup"), unit="x"),
-                       Figure(name="fa2_min_speedup", value=by_name.get("min_speedup"), unit="x")]
-    result.details["fa2"] = {"flashinfer": flashinfer_peer.version(), "outcome": peer_result.outcome.value,
-                             "summary": peer_result.summary, "configs": peer_result.details.get("configs")}
+    rows = peer_result.details.get("configs") or []
+    bound = {c.name for c in configs if tensor_bound(c)}
+    tc = [r["speedup"] for r in rows if r.get("config") in bound and r.get("speedup") is not None]
+    result.figures += [Figure(name=f"{backend}_median_speedup", value=by_name.get("median_speedup"), unit="x"),
+                       Figure(name=f"{backend}_min_speedup", value=by_name.get("min_speedup"), unit="x"),
+                       Figure(name=f"{backend}_min_speedup_tc", value=min(tc) if tc else None, unit="x")]
+    result.details[backend] = {"flashinfer": flashinfer_peer.version(), "outcome": peer_result.outcome.value,
+                               "summary": peer_result.summary, "tensor_bound_configs": sorted(bound),
+                               "configs": rows}

@@ -266,9 +266,15 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
                            lambda c: baseline_fn(*case_args(c)), ctx, timer=_gpu_timer(), floor_s=floor_s)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     if baseline_name == "triton":
-        from kdtree.phases.phase1_peers import add_fa2_figures  # noqa: PLC0415
+        from kdtree.phases.phase1_peers import add_peer_figures  # noqa: PLC0415
+        from kdtree.tools.roofline import floors  # noqa: PLC0415
 
-        add_fa2_figures(result, spec, configs, ctx, op, _gpu_timer(), floor_s)
+        def tensor_bound(cfg) -> bool:
+            byte_s, flop_s = floors(Shape(**cfg.params), bw, rate)
+            return flop_s >= byte_s
+
+        for backend in ("fa2", "fa3"):
+            add_peer_figures(result, spec, configs, ctx, op, _gpu_timer(), floor_s, backend, tensor_bound)
     return result
 
 

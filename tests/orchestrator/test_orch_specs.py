@@ -87,7 +87,8 @@ def test_default_plan_has_the_four_phases_in_order(tmp_path):
     assert goals == {("fa2_min_speedup", ">=", 1.0), ("fa2_median_speedup", ">=", 1.25),
                      ("median_roofline", ">=", 0.36), ("median_speedup", ">=", 20.0),
                      ("min_speedup", ">=", 5.0), ("median_roofline", ">=", 0.5),
-                     ("min_roofline", ">=", 0.35)}
+                     ("min_roofline", ">=", 0.35), ("fa3_min_speedup_tc", ">=", 1.0),
+                     ("fa3_median_speedup", ">=", 1.1), ("median_roofline", ">=", 0.75)}
     assert {(t.figure, t.op, t.value) for t in naive.targets} == {("median_speedup", ">=", 2.0)}
     assert p1.gate("build").max_shared_bytes == 101376
     hopper = p1.gate("build_sm90a")  # issue 17: the wgmma variant's own resources, sm_90's limit

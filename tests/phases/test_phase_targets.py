@@ -28,13 +28,38 @@ def test_with_targets_keeps_thresholds_and_adds_targets():
     assert [t.figure for t in after.targets] == [t.figure for t in before.targets] + ["y"]
 
 
-def test_fa2_comparison_says_why_it_measured_nothing_without_flashinfer(monkeypatch):
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeypatch, backend):
     from kdtree.kernels import flashinfer_peer
-    from kdtree.phases.phase1_peers import add_fa2_figures
+    from kdtree.phases.phase1_peers import add_peer_figures
 
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None: "no flashinfer")
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.FAILED)
-    add_fa2_figures(result, phase1_kernel.SPEC.gate("speedup"), [], GateContext(device="cpu"),
-                    op=None, timer=None, floor_s=None)
-    assert result.details["fa2"].startswith("not measured") and "no flashinfer" in result.details["fa2"]
-    assert not [f for f in result.figures if f.name.startswith("fa2_")]  # nothing invented
+    add_peer_figures(result, phase1_kernel.SPEC.gate("speedup"), [], GateContext(device="cpu"),
+                     op=None, timer=None, floor_s=None, backend=backend)
+    assert result.details[backend].startswith("not measured") and "no flashinfer" in result.details[backend]
+    assert not [f for f in result.figures if f.name.startswith(backend)]  # nothing invented
+
+
+def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(monkeypatch):
+    from types import SimpleNamespace
+
+    from kdtree.gates import speedup as speedup_mod
+    from kdtree.gates.base import Figure
+    from kdtree.kernels import flashinfer_peer
+    from kdtree.phases.phase1_peers import add_peer_figures
+
+    monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None: None)
+    monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", lambda backend: SimpleNamespace(bind=None))
+    monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.7.2")
+    rows = [{"config": "small", "speedup": 0.6}, {"config": "big", "speedup": 0.9}, {"config": "bigger", "speedup": 1.2}]
+    peer = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED, details={"configs": rows},
+                      figures=[Figure(name="median_speedup", value=0.9), Figure(name="min_speedup", value=0.6)])
+    monkeypatch.setattr(speedup_mod, "check_speedup", lambda *a, **k: peer)
+    configs = [SimpleNamespace(name=n, params={}, refresh=None, make_inputs=None) for n in ("small", "big", "bigger")]
+    result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
+    add_peer_figures(result, phase1_kernel.SPEC.gate("speedup"), configs, GateContext(device="cpu"), op=None,
+                     timer=None, floor_s=None, backend="fa3", tensor_bound=lambda c: c.name != "small")
+    figs = {f.name: f.value for f in result.figures}
+    assert figs == {"fa3_median_speedup": 0.9, "fa3_min_speedup": 0.6, "fa3_min_speedup_tc": 0.9}
+    assert result.details["fa3"]["tensor_bound_configs"] == ["big", "bigger"]
