@@ -89,7 +89,9 @@ class DecisionScreenSpec(_Strict):
     off by ``scale_drift`` (either sign), picks another token, by more than that noise too. The
     candidate must reproduce the reference's token at every kept decision, and the screen must
     find ``min_sensitive`` sensitive decisions for each sign: it screens fresh trees, up to
-    ``max_rounds`` verify steps, until it has.
+    ``max_rounds`` verify steps, until it has; where the phase's screen model is itself drawn at
+    random, up to ``model_draws`` models are screened in turn (whether another is drawn depends on
+    the reference's sensitive counts alone, never on the candidate).
     """
 
     scale_drift: float = Field(0.02, gt=0, lt=0.5)  # relative, applied as (1 + d) and (1 - d)
@@ -99,7 +101,8 @@ class DecisionScreenSpec(_Strict):
     noise_multiple: float = Field(4.0, ge=1)  # margins kept above this many times the noise
     tree_nodes: int = Field(1024, ge=2, le=1024)  # per prompt, at most (3/4 to all of it); deep trees see more keys
     min_sensitive: int = Field(8, ge=1)  # sensitive decisions per sign of the drift
-    max_rounds: int = Field(3, ge=1)  # screened verify steps at most
+    max_rounds: int = Field(3, ge=1)  # screened verify steps at most (per model draw)
+    model_draws: int = Field(1, ge=1)  # screen models drawn at most, while too few decisions are sensitive
 
 
 class TokenExactGateSpec(GateSpecBase):

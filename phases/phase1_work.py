@@ -198,13 +198,26 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     if spec.screen is not None:
         ctx.progress(f"screened verify step with {backend}", 0.9)
         name, log = counted_backend(backend, op_under_test)
-        screened = screened_step(probe_model(model.device, rng.getrandbits(31)), reference_backend, name, prompts,
-                                 spec.screen, rng, on_round=log.mark_step)
-        same_length("screened verify", screened.candidate, screened.reference)
-        streams += [Stream(f"p{i}", "scale-screen", c, r)
-                    for i, (c, r) in enumerate(zip(screened.candidate, screened.reference)) if r]
-        runs.append(RunStats("scale-screen", log.steps, sensitive=screened.sensitive))
-        details["scale_screen"] = screened.details
+        sensitive: dict[str, int] = {}
+        draws = []
+        cand_tokens: list[list[int]] = [[] for _ in prompts]
+        ref_tokens: list[list[int]] = [[] for _ in prompts]
+        # a probe model whose margins are wide finds few scale-sensitive decisions (seen on the H200:
+        # 5 at +2 % in 10 rounds); another draw is made on the reference's counts alone
+        for _ in range(spec.screen.model_draws):
+            screened = screened_step(probe_model(model.device, rng.getrandbits(31)), reference_backend, name,
+                                     prompts, spec.screen, rng, on_round=log.mark_step)
+            same_length("screened verify", screened.candidate, screened.reference)
+            for i, (c, r) in enumerate(zip(screened.candidate, screened.reference)):
+                cand_tokens[i] += c
+                ref_tokens[i] += r
+            sensitive = {k: sensitive.get(k, 0) + v for k, v in screened.sensitive.items()}
+            draws.append(screened.details)
+            if min(sensitive.values()) >= spec.screen.min_sensitive:
+                break
+        streams += [Stream(f"p{i}", "scale-screen", c, r) for i, (c, r) in enumerate(zip(cand_tokens, ref_tokens)) if r]
+        runs.append(RunStats("scale-screen", log.steps, sensitive=sensitive))
+        details["scale_screen"] = draws[0] if len(draws) == 1 else {"model_draws": draws, "sensitive": sensitive}
     details["decoy_path_len"] = decoy_path
     result = run(spec, streams, ctx, runs=runs)
     result.details.update(details)

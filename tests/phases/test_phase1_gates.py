@@ -461,7 +461,8 @@ def test_accuracy_gate_fails_a_wgmma_only_break_in_the_wgmma_cases_only():
     assert result["outcome"] == "failed", result["summary"]
     failed = {f["case"] for f in result["failures"]}
     assert "random H8 T16 L1000 [wgmma]" in failed, sorted(failed)
-    assert all("wgmma" in name for name in failed), sorted(failed)  # the other variants and the default dispatch pass
+    # cases forced onto another variant pass; the default dispatch fails where it picks wgmma (9.0, >= 64 rows)
+    assert not [n for n in failed if any(n.endswith(f"{v}]") for v in ("ws", "base16", "base32"))], sorted(failed)
 
 
 @pytest.mark.gpu
