@@ -37,6 +37,10 @@ class GenerationResult:
     dtype: str
     cuda_graph: bool = False  # verify steps replayed CUDA graphs (kdtree.engine.graph_capture)
     graph_replays: int = 0  # verify steps served by a graph replay (the rest ran eagerly)
+    # With record_margins (plain greedy only): per request and token, the top-1 minus top-2 logit
+    # and the runner-up token behind it.
+    margins: Optional[list[list[float]]] = None
+    runner_up: Optional[list[list[int]]] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,7 +147,7 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
              backend: str = "torch", device: str = "cpu", dtype: Optional[torch.dtype] = None,
              max_new_tokens: int = 32, seed: int = 0, pool_slots: Optional[int] = None,
              on_step: Optional[Callable[[int], None]] = None, prefill_chunk: int = 8192,
-             cuda_graph: Optional[bool] = False) -> GenerationResult:
+             cuda_graph: Optional[bool] = False, record_margins: bool = False) -> GenerationResult:
     """Greedy generation for a batch of prompts, plain (drafter='none') or tree-speculative.
 
     model: a built `MLAModel` (its device and dtype win); else one is built from `config`
@@ -156,9 +160,13 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     cuda_graph: capture and replay verify steps in CUDA graphs (`kdtree.engine.graph_capture`):
     False (default) off; True on (a ValueError where it cannot apply: it needs the kernel backend
     on CUDA and a drafter); None on where it applies (the CLI's default). Speculative decoding emits exactly the tokens plain greedy decoding would.
+    record_margins: keep each greedy token's top-1 minus top-2 logit and runner-up (``margins``,
+    ``runner_up``); plain greedy decoding (drafter 'none') only.
     """
     spec = get_drafter(drafter)
     attention = get_backend(backend)
+    if record_margins and spec is not None:
+        raise ValueError(f"record_margins needs plain greedy decoding (drafter 'none'), got drafter {drafter!r}")
     if not isinstance(budget, int) or not 1 <= budget <= MAX_TREE_NODES:
         raise ValueError(f"budget must be an int in [1, {MAX_TREE_NODES}], got {budget!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -197,6 +205,8 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
 
         graphs = VerifyGraphs(model, pool)
     runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk, graphs=graphs)
+    if record_margins:
+        runner.decisions = {}
     requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
     start = time.perf_counter()
     runner.prefill(requests)  # its argmax reads the logits on the host: the device is done here
@@ -223,4 +233,11 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         decode_tokens_per_s=later / decode_s if decode_s > 0 and later else float("nan"),
         drafter=drafter, budget=budget, backend=backend,
         device=str(model.device), dtype=str(model.dtype).removeprefix("torch."),
-        cuda_graph=use_graphs, graph_replays=graphs.replays if graphs is not None else 0)
+        cuda_graph=use_graphs, graph_replays=graphs.replays if graphs is not None else 0,
+        margins=_decided(runner, requests, 0) if record_margins else None,
+        runner_up=_decided(runner, requests, 1) if record_margins else None)
+
+
+def _decided(runner: Runner, requests: Sequence[Request], field_index: int) -> list[list]:
+    """One field of the runner's recorded decisions per request, cut to the tokens it kept."""
+    return [[d[field_index] for d in runner.decisions.get(r.rid, [])][: len(r.output)] for r in requests]

@@ -64,6 +64,18 @@ class Runner:
         self.prefill_chunk = prefill_chunk
         self.mirror = SlotMirror(pool, model.device)
         self.graphs = graphs
+        # rid -> (top-1 minus top-2 logit, runner-up token) of every greedy token prefill and plain
+        # decode steps take, when set to a dict (`generate(record_margins=True)`: the token_exact
+        # gates' near-tie test needs the oracle's margins).
+        self.decisions: Optional[dict[int, list[tuple[float, int]]]] = None
+
+    def _record(self, rids: Sequence[int], logits: torch.Tensor) -> None:
+        if self.decisions is None:
+            return
+        top = logits.float().topk(2, dim=-1)
+        margins = (top.values[:, 0] - top.values[:, 1]).tolist()
+        for rid, margin, runner_up in zip(rids, margins, top.indices[:, 1].tolist()):
+            self.decisions.setdefault(rid, []).append((margin, runner_up))
 
     def forward(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
                 meta: AttentionMetadata, num_layers: Optional[int] = None,
@@ -112,6 +124,7 @@ class Runner:
             if last_rows:
                 for (b, _), tok in zip(last_rows, logits.argmax(-1).tolist()):
                     requests[b].output.append(tok)
+                self._record([requests[b].rid for b, _ in last_rows], logits)
 
     def decode_step(self, requests: Sequence[Request]) -> list[int]:
         """Plain greedy decoding: one token per request. Returns tokens emitted per request."""
@@ -123,6 +136,7 @@ class Runner:
         logits = self.forward([r.pending for r in requests], [len(p) for p in prefix], slots, meta)
         for r, tok in zip(requests, logits.argmax(-1).tolist()):
             r.output.append(tok)
+        self._record([r.rid for r in requests], logits)
         return [1] * len(requests)
 
     def verify_logits(self, requests: Sequence[Request], trees: Sequence[TokenTree],

@@ -175,10 +175,18 @@ class GateContext:
     # What the run was asked for ("auto", "cpu" or "cuda"); None means "the same as device".
     # Only the wording of skip reasons depends on it.
     requested_device: Optional[str] = None
+    # Every seed `fresh_seed` handed out, in order: `run_check` records them in the result's
+    # details ("seeds_drawn"), so that a failing trial can be replayed (`orchestrate replay`).
+    seeds: list[int] = field(default_factory=list)
+    # A replay's seeds, handed out first and in order; fresh ones follow when they run out.
+    # Only `orchestrate replay` sets them, and a replay is never recorded.
+    replay_seeds: list[int] = field(default_factory=list)
 
     def fresh_seed(self) -> int:
-        """A seed nobody chose: every trial of every run sees new inputs."""
-        return int.from_bytes(os.urandom(4), "little")
+        """A seed nobody chose: every trial of every run sees new inputs (a replay's, when replaying)."""
+        seed = self.replay_seeds.pop(0) if self.replay_seeds else int.from_bytes(os.urandom(4), "little")
+        self.seeds.append(seed)
+        return seed
 
 
 def _cuda_capability() -> Optional[tuple[int, int]]:
@@ -290,4 +298,6 @@ def run_check(spec: Any, check: Optional[CheckFn], ctx: GateContext) -> GateResu
                             traceback=traceback.format_exc())
     result.duration_s = time.perf_counter() - start
     result.gate, result.kind = name, kind
+    if ctx.seeds:
+        result.details.setdefault("seeds_drawn", list(ctx.seeds))
     return result

@@ -117,6 +117,12 @@ class TokenExactGateSpec(GateSpecBase):
     min_op_calls_per_step: Optional[int] = Field(None, ge=1)  # in every step of every counted run
     max_accept_rel_diff: Optional[float] = Field(None, ge=0)  # |cand - ref| / ref, mean accepted
     max_margin_fraction: Optional[float] = Field(None, gt=0)  # logit drift / greedy margin, worst row
+    # Oracle near-ties (`kdtree.gates.token_exact`): where the reference's top-1 / top-2 logit margin
+    # is below tie_margin, a correct bf16 kernel's rounding can pick the runner-up; such a flip (to
+    # the runner-up exactly) is reported as a near-tie, not a divergence, in at most
+    # max_near_tie_prompts prompts. Rows under tie_margin are also left out of max_margin_fraction.
+    tie_margin: Optional[float] = Field(None, gt=0)
+    max_near_tie_prompts: int = Field(1, ge=0)
     screen: Optional[DecisionScreenSpec] = None  # a screened run: see DecisionScreenSpec
 
 

@@ -28,11 +28,11 @@ BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
 NEEDS_SM90 = {"ws"}  # bulk copy engine + mbarriers
 SM90A_ONLY = {"wgmma"}  # wgmma: built into sm_90a extensions only, which run on compute capability 9.0 only
 # Whether the Hopper variant takes the default dispatch on a 9.0 device (issue 17). On the H200 v2
-# runs the tensor-core-bound phase-1 shapes in 0.43-0.46 of the ws kernel's time and is accurate on
-# every accuracy case, but with it dispatched phase 2's token_exact diverged in 1 of 36 streams
-# (run 20261204T164119737835Z-b773c3) where ws has passed 36 of 36 twice: until that is explained
-# it runs only when forced (variant="wgmma", the tools' --variant). plans/results/hopper/.
-HOPPER_WGMMA_DEFAULT = False
+# runs the tensor-core-bound phase-1 shapes in 0.43-0.46 of the ws kernel's time. Its one token
+# divergence in phase 2 (runs b773c3 and a replay of seeds 1064539936, 1110497202) was an oracle
+# near-tie: margin 0.0104 logits, which ws moves by 0.024 and wgmma by 0.025 the other way; its
+# logit drift on phase 2's workload is ws's (median 0.018 both, `kdtree.tools.variant_audit`).
+HOPPER_WGMMA_DEFAULT = True
 WGMMA_MIN_ROWS = 64  # rows per request from which the default dispatch (when enabled) takes wgmma
 
 # Cost-model constants, in tile units (see the module docstring).

@@ -306,6 +306,44 @@ def history(obj: Ctx, phase: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("phase")
+@click.argument("gate")
+@click.option("--run", "run_id", default=None, metavar="RUN_ID",
+              help="Take the seeds GATE drew in this recorded run (a unique prefix is enough).")
+@click.option("--seed", "seeds", multiple=True, type=int, help="A seed to hand out, in order (repeatable).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the gate's result as JSON.")
+@click.pass_obj
+def replay(obj: Ctx, phase: str, gate: str, run_id: Optional[str], seeds: tuple[int, ...], device: str,
+           as_json: bool) -> None:
+    """Run one GATE of PHASE again with a recorded run's seeds (same inputs), recording nothing.
+
+    For telling a defect from bad luck: the gate sees the prompts, trees and tensors of that run's
+    trial. A replay never decides a phase's state. Exit 0 when the gate passes, 1 when not.
+    """
+    from kdtree.orchestrator.replay import recorded_seeds, replay_gate, replay_note  # noqa: PLC0415
+
+    if (run_id is None) == (not seeds):
+        raise Refusal("give the seeds with --run RUN_ID (a recorded run's) or with --seed N ..., one of the two")
+    plan = obj.plan
+    chosen = recorded_seeds(plan, phase, gate, run_id) if run_id else list(seeds)
+    say(f"replaying {phase}/{gate} with {len(chosen)} seed(s): {', '.join(map(str, chosen[:8]))}"
+        + (" ..." if len(chosen) > 8 else ""), err=True)
+    result = replay_gate(plan, phase, gate, chosen, device=device,
+                         progress=lambda msg, frac=None: say(f"  {msg}", err=True))
+    note = replay_note(result, chosen)
+    if note:
+        say(f"warning: {note}", err=True)
+    if as_json:
+        say(result.model_dump_json(indent=2))
+    else:
+        say(f"{phase}/{gate}: {result.outcome.value} (replay, not recorded): {result.summary}")
+        for fig in result.figures:
+            say(f"  {fig.render()}")
+    sys.exit(0 if result.passed else EXIT_NOT_PASSED)
+
+
+@cli.command()
 @click.option("--check", is_flag=True, help="Exit 1 if the plan markdown is out of date with the recorded runs (CI).")
 @click.pass_obj
 def plan(obj: Ctx, check: bool) -> None:

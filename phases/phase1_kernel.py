@@ -65,7 +65,7 @@ SPEC = PhaseSpec(
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32,
             min_exact_fraction=1.0, min_op_calls_per_step=4, max_accept_rel_diff=0.1,
-            max_margin_fraction=0.25,
+            max_margin_fraction=0.25, tie_margin=0.25, max_near_tie_prompts=1,
             screen=DecisionScreenSpec(scale_drift=0.02, noise_ulps=1.0, softmax_ulps=1.0, noise_draws=12,
                                       noise_multiple=4.0, tree_nodes=1024, min_sensitive=8, max_rounds=10,
                                       model_draws=3),
@@ -73,7 +73,10 @@ SPEC = PhaseSpec(
                         "drafted trees and decoy trees (tokens change under a wrong tree mask); the "
                         "kernel called in every verify step (4 = the tiny model's layers); mean "
                         "accepted length within 10 % of the oracle's; logits on the decoy step within "
-                        "1/4 of the greedy margin of the oracle's; on a model with a softmax-scale "
+                        "1/4 of the greedy margin of the oracle's (rows whose oracle margin is < 0.25 are "
+                        "near-ties, left out: on the H200 a correct kernel moves decoy logits by 0.024 in the "
+                        "median and 0.046 at worst, ws and wgmma alike; a flip to the oracle's runner-up there "
+                        "is reported, allowed in 1 prompt); on a model with a softmax-scale "
                         "probe, every greedy token of a random 768-1024-node tree per prompt whose oracle "
                         "margin is > 4x what bf16 rounding moves it (1 ulp on every softmax weight before "
                         "PV, as a flash kernel's bf16 P, and on every attention output; max of 12 draws, "

@@ -160,15 +160,30 @@ def decoy_step(model, backend: str, prompts: list[list[int]], greedy: list[list[
     return DecoyResult([list(r.output) for r in requests], emitted, path_logits), prefilled
 
 
-def margin_fraction(candidate_logits, reference_logits) -> float:
+def margin_fraction(candidate_logits, reference_logits, tie_margin: float | None = None) -> float:
     """The largest |candidate - reference| logit at any compared row, as a fraction of the
-    reference's top-1 / top-2 margin in that row: how close the candidate came to changing a token."""
+    reference's top-1 / top-2 margin in that row: how close the candidate came to changing a token.
+    Rows whose margin is below `tie_margin` (near-ties, `TokenExactGateSpec.tie_margin`) are left
+    out; 0.0 when every row is one."""
+    return margin_report(candidate_logits, reference_logits, tie_margin)["fraction"]
+
+
+def margin_report(candidate_logits, reference_logits, tie_margin: float | None = None) -> dict:
+    """`margin_fraction` with what explains it: the worst row's margin and drift, the narrowest
+    margin and its drift, and how many rows were near-ties (margin < `tie_margin`)."""
     import torch  # noqa: PLC0415
 
-    top2 = reference_logits.topk(2, dim=-1).values
+    top2 = reference_logits.float().topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1]).clamp_min(1e-12)
-    drift = (candidate_logits - reference_logits).abs().amax(dim=-1)
-    return float(torch.max(drift / margin))
+    drift = (candidate_logits.float() - reference_logits.float()).abs().amax(dim=-1)
+    counted = margin >= tie_margin if tie_margin is not None else torch.ones_like(margin, dtype=torch.bool)
+    ratio = torch.where(counted, drift / margin, torch.zeros_like(margin))
+    worst = int(ratio.argmax())
+    narrow = int(margin.argmin())
+    return {"fraction": float(ratio[worst]), "worst_row_margin": float(margin[worst]),
+            "worst_row_drift": float(drift[worst]), "narrowest_margin": float(margin[narrow]),
+            "narrowest_margin_drift": float(drift[narrow]), "near_tie_rows": int((~counted).sum()),
+            "rows": int(margin.numel()), "median_drift": float(drift.median())}
 
 
 # -- screened decisions: verify nodes a small softmax-scale error flips, bf16 noise does not ------

@@ -156,7 +156,7 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     from kdtree.engine import build_model, generate  # noqa: PLC0415
     from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
     from kdtree.phases.phase1_tokens import (  # noqa: PLC0415
-        counted_backend, decoy_step, margin_fraction, probe_model, same_length, screened_step)
+        counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step)
 
     if op_under_test is None:
         from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
@@ -166,7 +166,8 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     prompts = _token_prompts(rng, model.config.vocab_size, spec.min_prompts)
     ctx.progress("greedy decoding with the reference backend", 0.05)
     greedy_new = max(spec.max_new_tokens, decoy_path + 2)
-    greedy = generate(prompts, model=model, drafter="none", backend=reference_backend, max_new_tokens=greedy_new)
+    greedy = generate(prompts, model=model, drafter="none", backend=reference_backend, max_new_tokens=greedy_new,
+                      record_margins=True)
     same_length("greedy decoding", greedy.tokens, prompts)
     ref_tokens = [t[: spec.max_new_tokens] for t in greedy.tokens]
     streams, runs, details = [], [], {"seed": seed}
@@ -179,7 +180,8 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
         base = generate(prompts, model=model, drafter=drafter, budget=budget, backend=reference_backend,
                         max_new_tokens=spec.max_new_tokens)
         same_length(f"{label} speculative decoding", cand.tokens, ref_tokens)
-        streams += [Stream(f"p{i}", label, c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref_tokens))]
+        streams += [Stream(f"p{i}", label, c, r, margins, runner_up) for i, (c, r, margins, runner_up)
+                    in enumerate(zip(cand.tokens, ref_tokens, greedy.margins, greedy.runner_up))]
         runs.append(RunStats(label, log.steps[1:], cand.mean_accepted, base.mean_accepted))  # [0]: prefill
         details[f"{drafter}_mean_accepted"] = cand.mean_accepted
     ctx.progress(f"decoy verify step with {backend}", 0.8)
@@ -192,9 +194,11 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     # the reference is the oracle's verify step on the same trees and KV (it should accept the
     # whole greedy path; what it did accept is in the details)
     streams += [Stream(f"p{i}", "decoy", c, r) for i, (c, r) in enumerate(zip(cand_step.tokens, ref_step.tokens))]
+    decoy_margins = margin_report(cand_step.logits, ref_step.logits, spec.tie_margin)
     runs.append(RunStats("decoy", log.steps, sum(cand_step.emitted) / len(prompts),
-                         sum(ref_step.emitted) / len(prompts), margin_fraction(cand_step.logits, ref_step.logits)))
+                         sum(ref_step.emitted) / len(prompts), decoy_margins["fraction"]))
     details["decoy_reference_emitted"] = ref_step.emitted
+    details["decoy_margins"] = decoy_margins
     if spec.screen is not None:
         ctx.progress(f"screened verify step with {backend}", 0.9)
         name, log = counted_backend(backend, op_under_test)

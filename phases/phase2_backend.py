@@ -37,9 +37,13 @@ SPEC = PhaseSpec(
     gates=[
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32, min_exact_fraction=1.0,
+            tie_margin=0.1, max_near_tie_prompts=1,
             description="tree speculative decoding (DDTree budget 64 and ngram budget 16) on the kernel backend "
                         "== plain greedy decoding on the oracle backend, bf16, 16 prompts of which 2 have "
-                        ">= 32768 tokens (figure longest_prompt >= 32768); first divergence reported"),
+                        ">= 32768 tokens (figure longest_prompt >= 32768); first divergence reported. A flip "
+                        "to the oracle's runner-up where its top-1/top-2 margin is < 0.1 logits is a near-tie "
+                        "(bf16 rounding moves that margin by up to 0.025 on the H200, ws and wgmma alike; "
+                        "median margin ~20), reported and allowed in at most 1 prompt"),
         AccuracyGateSpec(
             name="sglang_parity", requires=["cuda", "triton"], trials=3, max_rel_l2=1e-2, max_abs=5e-2,
             check_lse=False,

@@ -89,14 +89,15 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
                       drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
     """Tree speculative decoding on `backend` vs plain greedy decoding on the oracle backend."""
     from kdtree.engine import generate  # noqa: PLC0415
-    from kdtree.gates.token_exact import check_token_exact as run  # noqa: PLC0415
+    from kdtree.gates.token_exact import Stream, check_token_exact as run  # noqa: PLC0415
 
     model = _model(preset_name, device)
     prompts = token_exact_prompts(spec.min_prompts, long_prompts, long_len, model.config.vocab_size,
                                   ctx.fresh_seed())
     ctx.progress(f"greedy decoding on the reference backend ({len(prompts)} prompts, longest "
                  f"{max(map(len, prompts))})", 0.05)
-    ref = generate(prompts, model=model, drafter="none", backend="reference", max_new_tokens=spec.max_new_tokens)
+    ref = generate(prompts, model=model, drafter="none", backend="reference", max_new_tokens=spec.max_new_tokens,
+                   record_margins=True)
     streams, details = [], {"prompt_lens": [len(p) for p in prompts], "backend": backend}
     for k, (drafter, budget) in enumerate(drafters):
         ctx.progress(f"tree speculative decoding ({drafter}, budget {budget}) on {backend}", 0.5 + 0.25 * k)
@@ -104,7 +105,8 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
                         max_new_tokens=spec.max_new_tokens)
         details[f"{drafter}_mean_accepted"] = cand.mean_accepted
         details[f"{drafter}_decode_tokens_per_s"] = cand.decode_tokens_per_s
-        streams += [(f"{drafter}:{i}", c, r) for i, (c, r) in enumerate(zip(cand.tokens, ref.tokens))]
+        streams += [Stream(f"p{i}", drafter, c, r, margins, runner_up) for i, (c, r, margins, runner_up)
+                    in enumerate(zip(cand.tokens, ref.tokens, ref.margins, ref.runner_up))]
     streams += _decoy_streams(model, backend, prompts, ref.tokens, spec.max_new_tokens, ctx, details)
     result = run(spec, streams, ctx)
     result.details.update(details)
@@ -133,7 +135,7 @@ def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ct
     ref_step, pool = decoy_step(model, "reference", chosen, paths, path, tree_seed)
     cand_step, _ = decoy_step(model, backend, chosen, paths, path, tree_seed, pool=pool)
     details["decoy_reference_emitted"] = ref_step.emitted
-    return [Stream(f"decoy:{i}", "decoy", c, r) for i, c, r in zip(picked, cand_step.tokens, ref_step.tokens)]
+    return [Stream(f"p{i}", "decoy", c, r) for i, c, r in zip(picked, cand_step.tokens, ref_step.tokens)]
 
 
 # -- sglang_parity -------------------------------------------------------------------------------

@@ -88,3 +88,19 @@ def test_bf16_greedy_matches_fp32_greedy_on_cpu(greedy_run):
     prompts, outputs = greedy_run
     bf16 = generate(prompts[:16], model=build_model(seed=0, dtype=torch.bfloat16), max_new_tokens=32)
     assert bf16.tokens == outputs[:16]
+
+
+def test_generate_records_each_greedy_tokens_margin_and_runner_up():
+    model = build_model(seed=0)
+    prompts = random_prompts(3, seed=5, vocab=model.config.vocab_size)
+    res = generate(prompts, model=model, backend="torch", max_new_tokens=6, record_margins=True)
+    assert [len(m) for m in res.margins] == [len(t) for t in res.tokens] == [6, 6, 6]
+    for i, prompt in enumerate(prompts):  # the recorded margin is the teacher-forced logits' top-2 gap
+        logits = teacher_forced_logits(model, list(prompt) + res.tokens[i][:-1])[len(prompt) - 1:].float()
+        top = logits.topk(2, dim=-1)
+        assert res.runner_up[i] == top.indices[:, 1].tolist()
+        assert res.margins[i] == pytest.approx((top.values[:, 0] - top.values[:, 1]).tolist(), rel=1e-4, abs=1e-4)
+    plain = generate(prompts, model=model, backend="torch", max_new_tokens=6)
+    assert plain.margins is None and plain.tokens == res.tokens
+    with pytest.raises(ValueError, match="plain greedy"):
+        generate(prompts, model=model, drafter="ngram", backend="torch", max_new_tokens=6, record_margins=True)

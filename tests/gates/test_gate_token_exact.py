@@ -194,3 +194,53 @@ def test_a_spec_asking_for_a_screen_without_a_screened_run_is_an_error():
     r = run_check(SCREENED, lambda s, ctx: check_token_exact(s, two_runs(), ctx, runs=[RunStats("decoy")]),
                   GateContext())
     assert r.outcome is Outcome.ERROR and "screen.min_sensitive is set but no run screened decisions" in r.summary
+
+
+# -- near-ties: a flip to the oracle's runner-up where its margin is below spec.tie_margin --------
+def _tied_streams(flips: dict[int, tuple[int, float]], n=4, length=10):
+    """Streams p0..p{n-1}; flips[i] = (candidate token at index 3, oracle margin there); the
+    oracle's runner-up is 99 everywhere and its margins 5.0 elsewhere."""
+    out = []
+    for i in range(n):
+        ref = list(range(i, i + length))
+        cand = list(ref)
+        margins = [5.0] * length
+        if i in flips:
+            cand[3:] = [flips[i][0]] + [7] * (length - 4)
+            margins[3] = flips[i][1]
+        out.append(Stream(f"p{i}", "", cand, ref, margins, [99] * length))
+    return out
+
+
+def _tie_spec(**kw):
+    return TokenExactGateSpec(name="t", min_prompts=4, tie_margin=0.1, **kw)
+
+
+def test_a_flip_to_the_runner_up_at_a_near_tie_is_reported_not_failed():
+    result = check_token_exact(_tie_spec(), _tied_streams({1: (99, 0.01)}), GateContext())
+    assert result.outcome is Outcome.PASSED, result.summary
+    assert fig(result, "exact_fraction").value == 1.0 and fig(result, "near_tie_prompts").value == 1
+    assert result.details["near_ties"][0]["margin"] == pytest.approx(0.01)
+    assert "near-tie" in result.summary
+
+
+@pytest.mark.parametrize("flip, why", [((99, 0.5), "margin above the tie margin"),
+                                       ((42, 0.01), "not the runner-up")])
+def test_a_flip_that_is_not_a_near_tie_fails(flip, why):
+    result = check_token_exact(_tie_spec(), _tied_streams({2: flip}), GateContext())
+    assert result.outcome is Outcome.FAILED, why
+    assert "first divergence at token 3" in result.summary
+
+
+def test_near_ties_in_more_prompts_than_allowed_fail():
+    result = check_token_exact(_tie_spec(max_near_tie_prompts=1), _tied_streams({0: (99, 0.01), 2: (99, 0.02)}),
+                               GateContext())
+    assert result.outcome is Outcome.FAILED
+    assert "near-tie flips in 2 prompts" in result.summary
+
+
+def test_without_a_tie_margin_every_flip_diverges():
+    spec = TokenExactGateSpec(name="t", min_prompts=4)
+    result = check_token_exact(spec, _tied_streams({1: (99, 0.01)}), GateContext())
+    assert result.outcome is Outcome.FAILED
+    assert "near_tie_prompts" not in [f.name for f in result.figures]

@@ -123,11 +123,8 @@ def test_wgmma_is_forced_on_9_0_only():
     assert lp.variant_name(lp.VARIANTS["wgmma"]) == "wgmma"
 
 
-def test_default_dispatch_takes_wgmma_on_9_0_from_64_rows_and_never_elsewhere_once_switched_on(monkeypatch):
-    assert lp.HOPPER_WGMMA_DEFAULT is False  # opt-in until phase 2's divergence with it is explained
-    for rows in (17, 64, 4096):
-        assert lp.choose_variant(rows, (9, 0)) == lp.VARIANTS["ws"]
-    monkeypatch.setattr(lp, "HOPPER_WGMMA_DEFAULT", True)
+def test_default_dispatch_takes_wgmma_on_9_0_from_64_rows_and_never_elsewhere(monkeypatch):
+    assert lp.HOPPER_WGMMA_DEFAULT is True
     assert lp.choose_variant(16, (9, 0)) == lp.VARIANTS["base16"]
     assert lp.choose_variant(lp.WGMMA_MIN_ROWS - 1, (9, 0)) == lp.VARIANTS["ws"]
     assert lp.choose_variant(lp.WGMMA_MIN_ROWS, (9, 0)) == lp.VARIANTS["wgmma"]
@@ -138,3 +135,6 @@ def test_default_dispatch_takes_wgmma_on_9_0_from_64_rows_and_never_elsewhere_on
     plan = _plan(64, 64, 8, 32768)
     assert plan.variant == lp.VARIANTS["wgmma"] and plan.grid_y == 64 and plan.num_splits == 1
     assert lp.plan_for_bucket(4, 64, 32768, 64, 132).variant == lp.VARIANTS["wgmma"]
+    monkeypatch.setattr(lp, "HOPPER_WGMMA_DEFAULT", False)  # the switch: ws everywhere on 9.0 again
+    for rows in (17, 64, 4096):
+        assert lp.choose_variant(rows, (9, 0)) == lp.VARIANTS["ws"]
