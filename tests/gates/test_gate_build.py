@@ -12,6 +12,7 @@ from kdtree.gates.build import (
     BuildOutput, check_build, find_cuobjdump, nvcc_compiler, parse_ptxas, scan_sass,
 )
 from kdtree.gates.spec import BuildGateSpec
+from ptxas_logs import ptxas_log
 
 DATA = Path(__file__).parent / "data"
 SPEC = BuildGateSpec(name="toy-build", archs=["sm_90", "sm_120"])
@@ -126,17 +127,7 @@ SASS_TWO = """
         /*0000*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;           /* 0x000000000804723c */
         /*0010*/                   EXIT ;                                          /* 0x000000000000794d */
 """
-PTXAS_TWO = """\
-ptxas info    : 0 bytes gmem
-ptxas info    : Compiling entry function 'wide_kernel' for 'sm_90a'
-ptxas info    : Function properties for wide_kernel
-    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 168 registers, used 5 barriers
-ptxas info    : Compiling entry function 'plain_kernel' for 'sm_90a'
-ptxas info    : Function properties for plain_kernel
-    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
-ptxas info    : Used 255 registers, used 1 barriers
-"""
+PTXAS_TWO = ptxas_log("sm_90a", ("wide_kernel", 168, 0, 5), ("plain_kernel", 255, 8, 1))
 
 
 def _two(**update):

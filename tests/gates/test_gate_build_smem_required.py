@@ -7,17 +7,9 @@ from __future__ import annotations
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.build import BuildOutput, check_build
 from kdtree.gates.spec import BuildGateSpec
+from ptxas_logs import ptxas_log
 
-LOG = """ptxas info    : 0 bytes gmem
-ptxas info    : Compiling entry function '_Z4big1v' for 'sm_90'
-ptxas info    : Function properties for _Z4big1v
-    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 100 registers, used 1 barriers
-ptxas info    : Compiling entry function '_Z4big2v' for 'sm_90'
-ptxas info    : Function properties for _Z4big2v
-    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 90 registers, used 1 barriers
-"""
+LOG = ptxas_log("sm_90", ("_Z4big1v", 100, 0, 1), ("_Z4big2v", 90, 0, 1))
 
 
 def _gate(figures: dict, required: bool):
