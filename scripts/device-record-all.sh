@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Re-record every phase on the GPU machine in plan order, none forced, in two device calls (a call
+# carries 64 MiB: FlashInfer's kit and SGLang's do not fit together):
+#   bash scripts/device-record-all.sh phase1   carry .whl and .peers-carry: phase 1 with FlashInfer
+#                                              FA2/FA3 on the path (the speed gate's peer targets)
+#   bash scripts/device-record-all.sh rest     carry .whl and .whl-sglang: phases 2, 3, 4; first copy
+#                                              the phase-1 record the first call returned into
+#                                              plans/results/phase1/ so they are not refused
+# Each call copies the new records into $OUT; copy them into plans/results/<phase>/ here and run
+# `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
+set -u
+WHICH=${1:?phase1 or rest}
+source "$(dirname "$0")/device-env.sh"
+ln -sfn ../integrations "$(dirname "$0")/../kdtree/integrations"
+OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
+export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
+record() {  # record PHASE TIMEOUT_S
+  timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda 2>&1 \
+    | grep -v "INFO - \|UserWarning" | tail -25 | tee -a "$OUT/records.log"
+  local newest; newest=$(ls -t plans/results/"$1"/2*.json 2>/dev/null | head -1)
+  [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")"
+}
+case "$WHICH" in
+  phase1)
+    _carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
+    if [ -d "$_carry" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi-tvm "$_carry"/apache_tvm_ffi-*.whl
+      python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-site')"
+      export PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$PYTHONPATH" MAX_JOBS=16
+    else
+      echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
+    fi
+    record phase1 560 ;;
+  rest) for p in phase2 phase3 phase4; do record "$p" 250; done ;;
+  *) echo "unknown step '$WHICH': phase1 or rest"; exit 2 ;;
+esac
+ls "$OUT"
