@@ -70,7 +70,7 @@ def path_tree(path: Sequence[int], branch_nodes: int, vocab: int, seed: int) -> 
         path_nodes.append(len(tokens) - 1)
         share = pending_branches // max(1, len(path) - k)
         for _ in range(share + (1 if rng.random() < 0.5 and pending_branches > share else 0)):
-            parent = path_nodes[rng.randrange(len(path_nodes))]
+            parent = path_nodes[rng.randrange(len(path_nodes) - 1)]  # the newest waits for its path child
             token = rng.randrange(vocab)
             if token in children[parent]:
                 continue

@@ -1,6 +1,7 @@
 """kdtree.tools.variant_audit on the CPU: the torch backend stays in the oracle's band, a
 wrong-scale backend is an outlier, a backend whose reruns differ is a race."""
 
+import pytest
 import torch
 
 from kdtree.engine import build_model, preset
@@ -40,6 +41,13 @@ def test_path_tree_carries_the_path_as_a_chain_with_branches():
         assert tree.child(nodes[k], path[k + 1]) == nodes[k + 1]
 
 
+def test_path_tree_never_gives_a_node_two_children_with_one_token():
+    for seed in range(50):  # a 3-token vocabulary: branches and path tokens collide all the time
+        path = [seed % 3, (seed + 1) % 3, seed % 3, 2, 2, 1]
+        tree, nodes = path_tree(path, 12, 3, seed=seed)
+        assert [tree.tokens[n] for n in nodes] == path
+
+
 def test_position_drifts_flag_a_flip_and_measure_the_margin():
     ref = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 1.9]])
     cand = torch.tensor([[3.0, 1.0, 0.0], [0.0, 1.9, 2.0]])
@@ -59,3 +67,26 @@ def test_audit_tells_a_wrong_scale_and_a_race_from_a_correct_backend():
     assert result["verdict"]["torch"].startswith("in band")
     assert result["verdict"]["scale+2%"].startswith("outlier")
     assert result["verdict"]["noisy"].startswith("race")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_every_runnable_variant_stays_in_the_oracles_band():
+    """ws and (on 9.0) wgmma against the fp64 oracle on phase 2's workload, short prompts only: same
+    drift band, no flips at margins above the phase-2 tie margin, bitwise-equal reruns."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+    from kdtree.kernels.launch_plan import runnable_variants
+    from kdtree.phases.phase2_work import token_exact_prompts
+    from kdtree.tools.variant_audit import ForcedVariantBackend
+
+    variants = [v for v in ("ws", "wgmma") if v in runnable_variants(torch.cuda.get_device_capability())]
+    if not variants:
+        pytest.skip("neither ws nor wgmma runs on this GPU (sm_90+ needed)")
+    model = build_model(preset("tiny-long"), seed=0, device="cuda")
+    prompts = token_exact_prompts(12, 0, 0, model.config.vocab_size, seed=11)
+    result = audit(model, prompts, {v: ForcedVariantBackend(v) for v in variants}, new_tokens=24,
+                   tree_nodes=64, seed=11, repeats=2, progress=lambda _: None)
+    for name, text in result["verdict"].items():
+        assert text.startswith("in band"), (name, text)
+    for name, rows in result["positions"].items():
+        assert not [r for r in rows if r["flipped"] and r["margin"] >= 0.1], name
