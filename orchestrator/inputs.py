@@ -17,6 +17,7 @@ import re
 import subprocess
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 _JUNK_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", ".kdtree-cache"}
 _JUNK_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".tmp", ".lock")
@@ -93,15 +94,37 @@ def hash_files(root: Path, paths: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def _git_names(root: Path, *args: str) -> list[str]:
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True, check=True).stdout
+    return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def changed_since(root: Path, commit: str, globs: list[str], current: list[str]) -> Optional[list[str]]:
+    """The input files (matched by ``globs``) that differ between ``commit`` and the working tree:
+    edited, added (untracked ones included) or removed; ``current`` is today's list of inputs.
+    None when git cannot say (no git binary, a commit this clone does not have)."""
+    try:
+        then = set(match_inputs(_git_names(root, "ls-tree", "-r", "-z", "--name-only", commit), globs))
+        edited = set(match_inputs(_git_names(root, "diff", "--name-only", "-z", commit, "--"), globs))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    now = set(current)
+    return sorted((edited & (then | now)) | (then ^ now))
+
+
 class InputsIndex:
     """The candidate files of one tree, listed once and shared by every phase's hash."""
 
     def __init__(self, root: Path, is_git: bool):
-        self.root = root
+        self.root, self.is_git = root, is_git
         self.files = candidate_files(root, is_git)
 
     def inputs_of(self, globs: list[str]) -> list[str]:
         return match_inputs(self.files, globs)
+
+    def changed_since(self, commit: str, globs: list[str]) -> Optional[list[str]]:
+        """`changed_since` for this tree (None outside a git repository)."""
+        return changed_since(self.root, commit, globs, self.inputs_of(globs)) if self.is_git else None
 
     def hash_of(self, globs: list[str]) -> tuple[str, int]:
         """(inputs hash, number of files) for a phase's input globs."""

@@ -48,14 +48,32 @@ class PhaseStatus:
         return self.record is not None and not self.stale_reasons
 
 
-def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str) -> list[str]:
-    """Why ``record`` no longer describes the phase (empty: it still does)."""
+def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str,
+                  changed: Optional[list[str]] = None) -> list[str]:
+    """Why ``record`` no longer describes the phase (empty: it still does); ``changed`` names the
+    input files changed since the record's commit, where known."""
     reasons = []
     if record.spec_hash != spec_hash:
         reasons.append(f"the phase spec changed (spec hash {record.spec_hash} -> {spec_hash})")
     if record.inputs_hash != inputs_hash:
-        reasons.append(f"its input files changed (inputs hash {record.inputs_hash} -> {inputs_hash})")
+        text = f"its input files changed (inputs hash {record.inputs_hash} -> {inputs_hash})"
+        if changed:
+            more = f" and {len(changed) - _NAMED} more" if len(changed) > _NAMED else ""
+            text += f" since commit {record.git.short}: {', '.join(changed[:_NAMED])}{more}"
+        reasons.append(text)
     return reasons
+
+
+_NAMED = 5  # changed input files a stale reason names
+
+
+def _changed_files(record: RunRecord, phase: Phase, index: InputsIndex) -> Optional[list[str]]:
+    """The phase's input files changed since the commit the record names, when it names one whose
+    tree held the run's inputs (`GitInfo.sha_source`); None otherwise."""
+    git = record.git
+    if not git.sha or git.sha_source not in ("head", "checkpoint"):
+        return None
+    return index.changed_since(git.sha, list(phase.spec.inputs))
 
 
 def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
@@ -68,7 +86,8 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
     inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
     if record is None:
         return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files)
-    reasons = stale_reasons(record, spec_hash, inputs_hash)
+    changed = _changed_files(record, phase, index) if record.inputs_hash != inputs_hash else None
+    reasons = stale_reasons(record, spec_hash, inputs_hash, changed)
     state = record.state
     if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
         state = PhaseState.STALE

@@ -24,6 +24,19 @@ def test_passed_then_stale_after_editing_an_input(project):
     assert "blocked by p1, which is stale" in res.stderr and "input files changed" in res.stderr
 
 
+def test_a_stale_reason_names_the_input_files_changed_since_the_runs_commit(project):
+    project.cli("run", "p1", "--device", "cpu")
+    project.write("src/p1/code.py", "x = 2\n")  # edited
+    project.write("src/p1/new.py", "z = 3\n")  # added, untracked
+    project.write("src/p2/code.py", "y = 3\n")  # another phase's input: not named for p1
+    (project.root / "src/p1/code.py").rename(project.root / "src/p1/moved.py")  # removed + added
+    reason = next(r for r in project.phase("p1")["stale_reasons"] if "input files changed" in r)
+    assert reason.endswith("src/p1/code.py, src/p1/moved.py, src/p1/new.py"), reason
+    assert "since commit " in reason
+    res = project.cli("run", "p2", "--device", "cpu", expect=2)
+    assert "src/p1/new.py" in res.stderr  # the refusal says what changed
+
+
 def test_new_input_file_makes_it_stale_but_an_ignored_one_does_not(project):
     project.cli("run", "p1", "--device", "cpu")
     project.write("src/p1/cache/build.bin", "ignored by .gitignore")
