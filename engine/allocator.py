@@ -11,7 +11,7 @@ req_to_token map. SGLang's page_size=1 scheme, the baseline, is `kdtree.engine.s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -25,11 +25,14 @@ class PoolExhaustedError(RuntimeError):
 class SlotAllocator(ABC):
     """Hands out slot ids in [0, num_slots)."""
 
-    def __init__(self, num_slots: int):
+    def __init__(self, num_slots: int, track_in_use: bool = True):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = int(num_slots)
-        self._in_use = bytearray(self.num_slots)
+        # which slots are allocated, for the base class's checks (a subclass that keeps its own
+        # map passes False and overrides is_allocated, count_allocated, highest_allocated, alloc,
+        # claim and free)
+        self._in_use = bytearray(self.num_slots) if track_in_use else None
 
     @property
     @abstractmethod
@@ -58,6 +61,10 @@ class SlotAllocator(ABC):
     def count_allocated(self, start: int, stop: int) -> int:
         """Allocated slots in [start, stop)."""
         return self._in_use.count(1, max(0, start), min(stop, self.num_slots))
+
+    def highest_allocated(self) -> int:
+        """The highest allocated slot id, -1 when none is."""
+        return self._in_use.rfind(1)
 
     def _check_count(self, n: int, verb: str) -> None:
         """ValueError for a negative n, PoolExhaustedError when fewer than n slots are free."""
@@ -130,68 +137,79 @@ class FreeListAllocator(SlotAllocator):
         return self._free[::-1]
 
 
-class SortedRunAllocator(SlotAllocator):
-    """Tier 0: free slots as merged runs (`kdtree.engine.free_runs.FreeRuns`, O(1) per update).
+class PySlotRuns:
+    """Tier 0's allocator core in Python: free runs (`FreeRuns`) and the allocated map.
 
-    ``alloc(n)`` takes the lowest run of at least n slots; when no run is that long it takes the
-    largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
-    the free slots directly after `last` (growing the caller's last run), then falls back to
-    ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call, every
-    request's growth before any fall-back. Frees merge with their neighbours, so a freed
-    request's run comes back whole.
+    The reference for the native core (`kdtree.engine.native`, engine/csrc/slot_runs.cpp), which
+    has the same methods and gives the same answers; tests hold the two to that. Callers check
+    counts first (`SortedRunAllocator`); errors are ValueError and change nothing.
     """
 
     def __init__(self, num_slots: int):
-        super().__init__(num_slots)
+        self.num_slots = int(num_slots)
         self._runs = FreeRuns(self.num_slots)
+        self._in_use = bytearray(self.num_slots)
 
+    # -- queries (FreeRuns' and the allocated map's) ---------------------------------------------
     @property
     def num_free(self) -> int:
         return self._runs.num_free
 
-    @property
-    def free_runs(self) -> FreeRuns:
-        """The free runs (read only: change them through alloc/free/claim)."""
-        return self._runs
+    def __len__(self) -> int:
+        return len(self._runs)
 
-    def alloc(self, n: int) -> torch.Tensor:
-        return torch.tensor(self.alloc_list(n), dtype=torch.int32)
+    def is_allocated(self, slot: int) -> bool:
+        return 0 <= slot < self.num_slots and bool(self._in_use[slot])
 
-    def alloc_list(self, n: int) -> list[int]:
-        """alloc(n) as a Python list (the engine's bookkeeping is host lists)."""
-        self._check_count(n, "alloc")
+    def contains(self, slot: int) -> bool:
+        return self._runs.contains(slot)
+
+    def count_allocated(self, start: int, stop: int) -> int:
+        return self._in_use.count(1, max(0, start), min(stop, self.num_slots))
+
+    def highest_allocated(self) -> int:
+        return self._in_use.rfind(1)
+
+    def run_at(self, start: int) -> int:
+        return self._runs.run_at(start)
+
+    def runs(self) -> list[tuple[int, int]]:
+        return list(self._runs.runs())
+
+    def largest_run(self) -> tuple[int, int]:
+        return self._runs.largest_run()
+
+    def largest(self) -> int:
+        return self._runs.largest()
+
+    def first_fit(self, n: int) -> Optional[int]:
+        return self._runs.first_fit(n)
+
+    # -- updates ----------------------------------------------------------------------------------
+    def take_head(self, start: int, n: int) -> int:
+        got = self._runs.take_head(start, n) if n > 0 else 0
+        self._in_use[start:start + got] = b"\x01" * got
+        return got
+
+    def alloc(self, n: int) -> list[int]:
         out: list[int] = []
         self._fill(out, n)
         return out
 
-    def alloc_after(self, last: int, n: int) -> list[int]:
-        """n slots, as many as are free directly after slot `last` first (-1: no last slot)."""
-        return self.alloc_after_batch([last], [n])[0]
-
     def alloc_after_batch(self, lasts: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
-        """`alloc_after(lasts[b], sizes[b])` for every b (one step's requests), all or nothing: first
-        every request grows after its last slot, then the ones still short fall back, in order."""
-        if len(lasts) != len(sizes):
-            raise ValueError(f"alloc_after_batch: {len(lasts)} last slots but {len(sizes)} sizes")
-        if any(n < 0 for n in sizes):
-            raise ValueError(f"alloc_after_batch: sizes must be >= 0, got {list(sizes)}")
-        self._check_count(sum(sizes), "alloc_after_batch")
         outs: list[list[int]] = []
         short = []
         for b, (last, n) in enumerate(zip(lasts, sizes)):  # every request grows in place first ...
-            out: list[int] = []
-            got = self._runs.take_head(last + 1, n) if last >= 0 and n else 0
-            if got:
-                self._mark_taken(last + 1, got, out)
+            got = self.take_head(last + 1, n) if last >= 0 and n else 0
+            outs.append(list(range(last + 1, last + 1 + got)))
             if got < n:
                 short.append((b, n - got))
-            outs.append(out)
         for b, n in short:  # ... so that no request's fill takes the slots another one grows into
             self._fill(outs[b], n)
         return outs
 
-    def free(self, slots) -> None:
-        ordered = sorted(slots.tolist() if isinstance(slots, torch.Tensor) else slots)
+    def free(self, slots: list[int]) -> None:
+        ordered = sorted(slots)
         if not ordered:
             return
         if ordered[0] < 0 or ordered[-1] >= self.num_slots:
@@ -210,9 +228,18 @@ class SortedRunAllocator(SlotAllocator):
             in_use[start:start + length] = bytes(length)
         self._runs.add_runs(runs)
 
-    def free_slots(self) -> list[int]:
-        """Every free slot id, ascending."""
-        return [s for start, length in self._runs.runs() for s in range(start, start + length)]
+    def claim(self, slots: list[int]) -> None:
+        ordered = sorted(slots)
+        for i, s in enumerate(ordered):
+            if i and s == ordered[i - 1]:
+                raise ValueError(f"claim: slot ids repeat in one call: slot {s}")
+            if not 0 <= s < self.num_slots:
+                raise ValueError(f"claim: slot {s} is not in this pool (0..{self.num_slots - 1})")
+            if self._in_use[s]:
+                raise ValueError(f"claim: slot {s} is already allocated")
+        for start, length in runs_of_sorted(ordered):
+            self._runs.remove_range(start, length)
+            self._in_use[start:start + length] = b"\x01" * length
 
     def _fill(self, out: list[int], n: int) -> None:
         while n:
@@ -220,17 +247,96 @@ class SortedRunAllocator(SlotAllocator):
             length = n
             if start is None:  # no run is long enough: the largest one, whole
                 start, length = self._runs.largest_run()
-            self._take_range(start, length, out)
+            self.take_head(start, length)
+            out.extend(range(start, start + length))
             n -= length
 
-    def _take_range(self, start: int, length: int, out: list[int]) -> None:
-        """Take [start, start+length) from the head of the free run starting at `start`."""
-        self._runs.take_head(start, length)
-        self._mark_taken(start, length, out)
 
-    def _mark_taken(self, start: int, length: int, out: list[int]) -> None:
-        self._in_use[start:start + length] = b"\x01" * length
-        out.extend(range(start, start + length))
+def make_slot_runs(num_slots: int, native: Optional[bool] = None):
+    """Tier 0's core: the native one (`kdtree.engine.native`) when `native` is True, or None and it
+    builds here; else `PySlotRuns`. native=True where it cannot be built raises RuntimeError."""
+    if native is False:
+        return PySlotRuns(num_slots)
+    from kdtree.engine import native as native_build  # noqa: PLC0415
+
+    module = native_build.slot_runs()
+    if module is None:
+        if native:
+            raise RuntimeError(f"the native allocator core is not available: {native_build.unavailable_reason()}")
+        return PySlotRuns(num_slots)
+    return module.SlotRuns(num_slots)
+
+
+class SortedRunAllocator(SlotAllocator):
+    """Tier 0: free slots as merged runs, served lowest-fit, grown in place.
+
+    ``alloc(n)`` takes the lowest run of at least n slots; when no run is that long it takes the
+    largest runs (fewest pieces), lowest first among equals. ``alloc_after(last, n)`` first takes
+    the free slots directly after `last` (growing the caller's last run), then falls back to
+    ``alloc``; ``alloc_after_batch`` does that for a whole step's requests in one call, every
+    request's growth before any fall-back. Frees merge with their neighbours, so a freed
+    request's run comes back whole.
+
+    The work is done by a core (`make_slot_runs`): the native one (engine/csrc/slot_runs.cpp, a
+    whole step's growth or frees in one call) where it builds, else `PySlotRuns`; ``native``
+    forces one or the other. Both give the same answers.
+    """
+
+    def __init__(self, num_slots: int, native: Optional[bool] = None):
+        super().__init__(num_slots, track_in_use=False)
+        self._core = make_slot_runs(self.num_slots, native)
+        self.native = not isinstance(self._core, PySlotRuns)
+
+    @property
+    def num_free(self) -> int:
+        return self._core.num_free
+
+    @property
+    def free_runs(self):
+        """The free runs, read only (``runs()``, ``first_fit``, ``run_at``, ``largest_run``,
+        ``contains``, ``num_free``, ``len``): change them through alloc/free/claim."""
+        return self._core
+
+    def is_allocated(self, slot: int) -> bool:
+        return self._core.is_allocated(slot)
+
+    def count_allocated(self, start: int, stop: int) -> int:
+        return self._core.count_allocated(start, stop)
+
+    def highest_allocated(self) -> int:
+        return self._core.highest_allocated()
+
+    def alloc(self, n: int) -> torch.Tensor:
+        return torch.tensor(self.alloc_list(n), dtype=torch.int32)
+
+    def alloc_list(self, n: int) -> list[int]:
+        """alloc(n) as a Python list (the engine's bookkeeping is host lists)."""
+        self._check_count(n, "alloc")
+        return self._core.alloc(n)
+
+    def alloc_after(self, last: int, n: int) -> list[int]:
+        """n slots, as many as are free directly after slot `last` first (-1: no last slot)."""
+        return self.alloc_after_batch([last], [n])[0]
+
+    def alloc_after_batch(self, lasts: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+        """`alloc_after(lasts[b], sizes[b])` for every b (one step's requests), all or nothing: first
+        every request grows after its last slot, then the ones still short fall back, in order."""
+        if len(lasts) != len(sizes):
+            raise ValueError(f"alloc_after_batch: {len(lasts)} last slots but {len(sizes)} sizes")
+        if any(n < 0 for n in sizes):
+            raise ValueError(f"alloc_after_batch: sizes must be >= 0, got {list(sizes)}")
+        self._check_count(sum(sizes), "alloc_after_batch")
+        return self._core.alloc_after_batch(list(lasts), list(sizes))
+
+    def free(self, slots) -> None:
+        self._core.free(_id_list(slots))
+
+    def claim(self, slots: Iterable[int]) -> None:
+        self._core.claim(_id_list(slots))
+
+    def free_slots(self) -> list[int]:
+        """Every free slot id, ascending."""
+        return [s for start, length in self._core.runs() for s in range(start, start + length)]
 
     def _take(self, n: int) -> list[int]:
         raise AssertionError("SortedRunAllocator overrides alloc")
@@ -239,5 +345,11 @@ class SortedRunAllocator(SlotAllocator):
         raise AssertionError("SortedRunAllocator overrides free")
 
     def _remove_free(self, slots: list[int]) -> None:
-        for start, length in runs_of_sorted(sorted(slots)):
-            self._runs.remove_range(start, length)
+        raise AssertionError("SortedRunAllocator overrides claim")
+
+
+def _id_list(slots) -> list:
+    """Slot ids as a list for a core (a list passes as it is: the cores read any int-like)."""
+    if isinstance(slots, list):
+        return slots
+    return slots.tolist() if isinstance(slots, torch.Tensor) else list(slots)

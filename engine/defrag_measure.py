@@ -235,7 +235,7 @@ def expand_seconds(starts: torch.Tensor, lens: torch.Tensor, total: int, repeats
 def releasable_tail(run: ChurnRun) -> int:
     """Slots in the free run that ends at the top of the pool (0 if the last slot is in use)."""
     alloc = run.pool.allocator
-    return alloc.num_slots - 1 - alloc._in_use.rfind(1)
+    return alloc.num_slots - 1 - alloc.highest_allocated()
 
 
 H200_HBM_BYTES_PER_S = 4.3e12  # the copy bandwidth phase 1 measured on the H200 (4291 GB/s)

@@ -35,7 +35,8 @@ SPEC = PhaseSpec(
                "changing a KV byte, without changing a token and without slowing the kernel or the step; "
                "what contiguity buys is measured, including where it buys nothing."),
     deliverables=[
-        "kdtree.engine.allocator.SortedRunAllocator (Tier 0) and kdtree.engine.sglang_allocator_model "
+        "kdtree.engine.allocator.SortedRunAllocator (Tier 0; its core native, engine/csrc/slot_runs.cpp, "
+        "where a C++ compiler is found, else the same in Python) and kdtree.engine.sglang_allocator_model "
         "(SGLang 0.5.23's page_size=1 allocator, the baseline)",
         "kdtree.engine.relocation: victims by runs removed per byte, a per-step byte budget, pins; "
         "KVPool.move_tokens rewrites req_to_token, the draft pool and a prefix cache's nodes with the copy",

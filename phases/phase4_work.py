@@ -297,6 +297,9 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     runs = churn_layouts(_churn_config(ctx, **lc), seed, ("unsorted", "tier0+1"), trace_unsorted=True)
     sglang_steps = replay_on_sglang_model(runs["unsorted"].pool.allocator.trace, lc["num_slots"], str(device))
     live = sorted(runs["unsorted"].pool.requests.keys())
+    if not live:
+        raise ValueError(f"no_slowdown: the churn workload ended with no live request, so there is nothing to "
+                         f"time (seed {seed}); give it longer requests (new_tokens) or fewer steps")
     layouts = {m: [r.pool.requests.slots(k) for k in live] for m, r in runs.items()}
     S = lc["num_slots"]
     pools = {m: torch.zeros(S, 576, dtype=torch.bfloat16, device=device) for m in layouts}

@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kdtree.engine.allocator import PoolExhaustedError, SortedRunAllocator
 from kdtree.engine.free_runs import FreeRuns, runs_of_sorted
+from kdtree.engine.native import slot_runs, unavailable_reason
 
 
 def _brute_first_fit(free: set[int], n: int):
@@ -73,9 +74,11 @@ TestFreeRuns.settings = settings(max_examples=60, stateful_step_count=40, deadli
 class SortedAllocatorMachine(RuleBasedStateMachine):
     """Allocations never overlap, frees restore exactly, and a fully freed pool is one run again."""
 
+    native = False  # which core (kdtree.engine.allocator.make_slot_runs); the subclass below: native
+
     @initialize(size=st.integers(1, 200))
     def make(self, size):
-        self.a = SortedRunAllocator(size)
+        self.a = SortedRunAllocator(size, native=self.native)
         self.held: list[list[int]] = []
 
     def _all_held(self):
@@ -144,6 +147,16 @@ class SortedAllocatorMachine(RuleBasedStateMachine):
 
 TestSortedAllocator = SortedAllocatorMachine.TestCase
 TestSortedAllocator.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+class NativeSortedAllocatorMachine(SortedAllocatorMachine):
+    native = True
+
+
+TestNativeSortedAllocator = pytest.mark.skipif(
+    slot_runs() is None, reason=f"the native allocator core does not build here: {unavailable_reason()}")(
+    NativeSortedAllocatorMachine.TestCase)
+TestNativeSortedAllocator.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
 def test_no_run_long_enough_takes_the_largest_runs_first():
