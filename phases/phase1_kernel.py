@@ -40,7 +40,7 @@ SPEC = PhaseSpec(
     ],
     inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
             "phases/phase1_coverage.py", "phases/phase1_tokens.py", "phases/phase1_trees.py", "phases/phase1_cases.py",
-            "phases/phase1_peers.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "gates/**/*.py"],
+            "phases/phase1_peers.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
     gates=[
         BuildGateSpec(
             name="build", requires=["nvcc"], archs=["sm_90", "sm_120"],

@@ -44,7 +44,7 @@ SPEC = PhaseSpec(
         "speculative decoding with requests arriving and finishing)",
         "kdtree.engine.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
     ],
-    inputs=["engine/**/*.py", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
+    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
             "gates/**/*.py"],
     gates=[
         _gate("integrity", ["torch"],
