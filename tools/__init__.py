@@ -8,6 +8,7 @@ op's package `kdtree.kernels`:
     python -m kdtree.tools.mma_ceiling      what mma.sync can reach on this GPU
     python -m kdtree.tools.host_path_bench  host time of one call, on the CPU
     python -m kdtree.tools.sanitize_driver  the compute-sanitizer driver
+    python -m kdtree.tools.variant_audit    every variant's logit drift against the oracle (near-tie or defect?)
 
 All inputs come from `kdtree.tools.cases` and all GPU timings from `kdtree.tools.timing` (the
 gates' queued timer). Tools import `kdtree.kernels` and `kdtree.gates`, never the reverse.
