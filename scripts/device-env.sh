@@ -13,3 +13,6 @@ if [ -n "$_wheels" ]; then
 fi
 export PYTHONPATH="$_repo:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/kdtree-out}  # what the device tool brings back
+mkdir -p "$OUT"
+export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}  # JIT builds, kept while the machine is warm

@@ -9,9 +9,6 @@
 set -u
 HALF=${1:?kernels or serving}
 source "$(dirname "$0")/device-env.sh"
-ln -sfn ../integrations "$(dirname "$0")/../kdtree/integrations"
-OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
-export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
 START=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/suite-$HALF.log"
 python3 -c "import torch; from kdtree.kernels.cuda_op import device_state; device_state(0); print('extension built')" \

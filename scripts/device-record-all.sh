@@ -11,9 +11,6 @@
 set -u
 WHICH=${1:?phase1 or rest}
 source "$(dirname "$0")/device-env.sh"
-ln -sfn ../integrations "$(dirname "$0")/../kdtree/integrations"
-OUT=${OUT:-/tmp/kdtree-out}; mkdir -p "$OUT"
-export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 record() {  # record PHASE TIMEOUT_S
   timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda 2>&1 \
