@@ -44,7 +44,8 @@
 // per warpgroup (128 per thread) + S (32) + P (16): within the 232 setmaxnreg gives a consumer.
 //
 // KD_BREAK (test_hooks.cuh) applies as in the other variants; of KD_SKIP only 8 (no tile loads)
-// and 16 (no combine) are honoured here.
+// and 16 (no combine) are honoured here. KD_WG_SEESAW=1 swaps in an experimental pair schedule for
+// the consumers (see there; not yet run on a GPU).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +73,7 @@ constexpr int kRescaleLog2 = 8;         // as the ws variant: the running max mo
 constexpr int kValueHalf = kValueDim / 2;  // output columns per consumer warpgroup
 // Named barriers (0 is __syncthreads).
 constexpr int kBarQ = 1, kBarPFull = 2, kBarPFree = 3, kBarEpilogue = 4;
+constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // KD_WG_SEESAW: tile a's stats and P, tile b's stats, P_b
 struct Smem {
   static constexpr int q_off = 0;
   static constexpr int k_off = q_off + kQBytes;
@@ -114,6 +116,17 @@ __device__ __forceinline__ uint64_t make_v_desc(uint32_t addr) {
 // default (warpgroup 1 has nothing to do until the next P anyway).
 #ifndef KD_WG_PFREE_ARRIVE
 #define KD_WG_PFREE_ARRIVE 0
+#endif
+
+// KD_WG_SEESAW=1 (experimental, not yet run on a GPU): the consumers take tiles in pairs, as
+// FlashMLA's published "seesaw" schedule (docs/20250422-new-kernel-deep-dive.md there): warpgroup 0
+// computes S, the softmax and P of tile a = 2 i, warpgroup 1 those of tile b = 2 i + 1, each
+// applying the other's max and rescale factors through shared memory, so one warpgroup's softmax
+// runs while the other's MMAs keep the tensor pipe busy; P goes to the other warpgroup through
+// the one P buffer (P_a, then P_b once warpgroup 1's P_a V_a is done). Row sums are kept per
+// warpgroup in the common frame and added at the end. Default 0: the schedule above.
+#ifndef KD_WG_SEESAW
+#define KD_WG_SEESAW 0
 #endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -250,6 +263,272 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     named_barrier_sync(kBarQ, kConsumers);
   }
 
+#if KD_WG_SEESAW
+  const int wgi = warp >> 2;        // consumer warpgroup 0 or 1
+  const int w = warp & 3;           // warp within it: rows 16 w .. 16 w + 15
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r_lo = 16 * w + g;      // this thread's rows of the block: r_lo and r_lo + 8
+
+  float o[128];  // O[64 rows, 256 columns of this warpgroup], wgmma accumulator layout
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+
+  bool row_ok[2];
+  const int32_t* mask_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + r_lo + 8 * h;
+    row_ok[h] = r < rows;
+    mask_row[h] = p.tree_mask + static_cast<int64_t>(qo0 + min(r / p.num_heads, T - 1)) * p.mask_words;
+  }
+  const uint64_t dq = make_desc(sbase + Smem::q_off, 16, 1024);
+  const uint64_t dp = make_desc(sbase + Smem::p_off, 16, 1024);
+  const uint32_t v_half = (hooks::kWgmmaWrongHalf ? 0 : wgi) * (kValueHalf / 64) * kBlockBytes;
+  float* sScaleA = sAlpha;  // per pair: tile a's rescale factors (warpgroup 0 writes), ...
+  float* sScaleB = sL;      // ... tile b's (warpgroup 1 writes); sL gets the row sums at the end
+  float l_part[2] = {0.f, 0.f};  // this thread's share of its rows' sums, in the running frame
+
+  // S = Q K^T of the tile in `stage` (36 x m64n64k16, both operands in shared memory), committed.
+  auto issue_qk = [&](float (&sc)[32], int stage) {
+    const uint64_t dk = make_desc(sbase + Smem::k_off + stage * kTileBytes, 16, 1024);
+    uint64_t dq_t = dq;
+    asm volatile("" : "+l"(dq_t));
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+      wgmma_m64n64k16_ss<0>(sc, desc_advance(dq_t, off), desc_advance(dk, off), ks > 0);
+    }
+    wgmma_commit();
+  };
+  // Mask, scale and exponentiate a tile's scores in place against the running max m_in (lazy
+  // rescale, as the other variants): the new max, the factor O and the row sums must be scaled
+  // by, and this thread's share of the new P's row sums.
+  auto softmax = [&](float (&sc)[32], int tile_base, const float (&m_in)[2], float (&m_out)[2],
+                     float (&scale)[2], float (&psum)[2]) {
+    const int nvalid = kend - tile_base;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint64_t vis = 0;
+      if (row_ok[h]) {
+        vis = tree_visible_bits(mask_row[h], p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
+        if (nvalid > 32)
+          vis |= (tree_visible_bits(mask_row[h], p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
+        if (nvalid < 64) vis &= (1ull << nvalid) - 1;
+      }
+      float tmax = minus_infinity();
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[4 * j + 2 * h + e];
+          x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
+          tmax = fmaxf(tmax, x);
+        }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+      float m = m_in[h], a = 1.f;
+      const float m_new = fmaxf(m, tmax);
+      if (m_new > m + kRescaleLog2) {
+        a = exp2f(m - m_new);
+        m = m_new;
+      }
+      const float m_use = m == minus_infinity() ? 0.f : m;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[4 * j + 2 * h + e];
+          x = exp2f(x - m_use);
+          sum += x;
+        }
+      m_out[h] = m;
+      scale[h] = a;
+      psum[h] = sum;
+    }
+  };
+  // P as bf16 A fragments of the PV MMAs (keys 16 kk .. 16 kk + 15 per k-step), and into shared memory.
+  auto pack = [&](const float (&sc)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(sc[8 * kk + 2 * q], sc[8 * kk + 2 * q + 1]);
+  };
+  auto store_p = [&](const uint32_t (&pa)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int c0 = 16 * kk + 2 * t4;
+      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0)) = pa[kk][0];
+      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0)) = pa[kk][1];
+      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0 + 8)) = pa[kk][2];
+      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0 + 8)) = pa[kk][3];
+    }
+    fence_proxy_async_shared();
+  };
+  auto rescale = [&](const float (&f)[2]) {
+    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= f[0];
+        o[4 * j + 1] *= f[0];
+        o[4 * j + 2] *= f[1];
+        o[4 * j + 3] *= f[1];
+      }
+    }
+  };
+  auto issue_pv_smem_p = [&](int stage) {  // O (+)= P V[:, this warpgroup's half], P from shared memory
+    const uint64_t dv = make_v_desc(sbase + Smem::k_off + stage * kTileBytes + v_half);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
+    wgmma_commit();
+  };
+  auto issue_pv_reg_p = [&](const uint32_t (&pa)[4][4], int stage) {  // the same, P from registers
+    const uint64_t dv = make_v_desc(sbase + Smem::k_off + stage * kTileBytes + v_half);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(dv, kk * 16 * 128), 1);
+    wgmma_commit();
+  };
+  const int num_pairs = (num_tiles + 1) / 2;
+
+  if (wgi == 0) {
+    // ---------------- warpgroup 0: tile a = 2 i of each pair (stage 0), columns 0..255 ----------------
+    for (int i = 0; i < num_pairs; ++i) {
+      const bool has_b = 2 * i + 1 < num_tiles;
+      float s[32];  // per pair, as the other schedule: nothing of it lives across pairs
+      uint32_t pa[4][4];
+      mbar_wait(&full[0], i & 1);
+      fence_proxy_async_shared();
+      issue_qk(s, 0);
+      wgmma_wait<0>();  // S_a
+      fence_operands(s);
+      fence_operands(o);
+      float m_in[2], m_a[2], sa[2], psum[2], sb[2] = {1.f, 1.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m_in[h] = i == 0 ? minus_infinity() : sM[r_lo + 8 * h];
+      softmax(s, kbeg + 2 * i * kBN, m_in, m_a, sa, psum);
+      pack(s, pa);
+      store_p(pa);  // P_a for warpgroup 1's half of P_a V_a
+      if (t4 == 0) {
+        sM[r_lo] = m_a[0];
+        sM[r_lo + 8] = m_a[1];
+        sScaleA[r_lo] = sa[0];
+        sScaleA[r_lo + 8] = sa[1];
+      }
+      named_barrier_arrive(kBarMA, kConsumers);
+      rescale(sa);
+      fence_operands(pa[0]);
+      fence_operands(pa[1]);
+      fence_operands(pa[2]);
+      fence_operands(pa[3]);
+      issue_pv_reg_p(pa, 0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
+      if (has_b) {
+        named_barrier_sync(kBarSB, kConsumers);  // tile b's max and factor
+        sb[0] = sScaleB[r_lo];
+        sb[1] = sScaleB[r_lo + 8];
+      }
+      wgmma_wait<0>();  // P_a V_a done: stage 0 is free of this warpgroup
+      fence_operands(o);
+      mbar_arrive(&empty[0]);
+      if (has_b) {
+        rescale(sb);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_part[h] *= sb[h];
+        named_barrier_sync(kBarPB, kConsumers);  // P_b in shared memory
+        issue_pv_smem_p(1);
+        // done before the next pair's S_a is issued (it would queue behind it on the tensor pipe
+        // anyway): stage 1 goes back to the producer at once, so tile b's next load is not held
+        // up by the next S_a, and P's buffer is free for the next P_a
+        wgmma_wait<0>();
+        fence_operands(o);
+        mbar_arrive(&empty[1]);
+      }
+    }
+  } else {
+    // ---------------- warpgroup 1: tile b = 2 i + 1 of each pair (stage 1), columns 256..511 ----------------
+    for (int i = 0; i < num_pairs; ++i) {
+      const bool has_b = 2 * i + 1 < num_tiles;
+      float s[32];
+      uint32_t pa[4][4];
+      if (has_b) {
+        mbar_wait(&full[1], i & 1);
+        fence_proxy_async_shared();
+        issue_qk(s, 1);
+      }
+      named_barrier_sync(kBarMA, kConsumers);  // tile a's max, factor and P
+      float m_a[2], sa[2], sb[2] = {1.f, 1.f}, m_b[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_a[h] = sM[r_lo + 8 * h];
+        sa[h] = sScaleA[r_lo + 8 * h];
+      }
+      mbar_wait(&full[0], i & 1);  // (done: warpgroup 0 read the same stage) for this thread's view of the bytes
+      fence_proxy_async_shared();
+      wgmma_wait<0>();  // S_b, done by now (it ran during warpgroup 0's softmax): O is not touched while it flies
+      fence_operands(s);  // (unconditional: the compiler does not pair this with the branch that issued S_b)
+      // The softmax of b runs while warpgroup 0's P_a V_a keeps the tensor pipe busy. (Issuing this
+      // warpgroup's P_a V_a before it makes ptxas serialise every wgmma of the kernel, C7515: it
+      // will not let S's registers be written while an MMA of this warpgroup is in flight.)
+      if (has_b) {
+        softmax(s, kbeg + (2 * i + 1) * kBN, m_a, m_b, sb, psum);
+        if (t4 == 0) {
+          sM[r_lo] = m_b[0];
+          sM[r_lo + 8] = m_b[1];
+          sScaleB[r_lo] = sb[0];
+          sScaleB[r_lo + 8] = sb[1];
+        }
+        named_barrier_arrive(kBarSB, kConsumers);
+      }
+      rescale(sa);
+      issue_pv_smem_p(0);  // O_R = sa O_R + P_a V_a[:, 256:512]
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
+      wgmma_wait<0>();  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
+      fence_operands(o);
+      mbar_arrive(&empty[0]);
+      if (has_b) {
+        rescale(sb);
+        pack(s, pa);
+        store_p(pa);  // P_b for warpgroup 0's half of P_b V_b
+        named_barrier_arrive(kBarPB, kConsumers);
+        fence_operands(pa[0]);
+        fence_operands(pa[1]);
+        fence_operands(pa[2]);
+        fence_operands(pa[3]);
+        issue_pv_reg_p(pa, 1);
+        wgmma_wait<0>();
+        fence_operands(o);
+        mbar_arrive(&empty[1]);
+      }
+    }
+  }
+
+  // ---------------- epilogue: row sums of both warpgroups, then each its 256 columns ----------------
+  wgmma_wait<0>();  // (every MMA is done on every path; said here so that the compiler sees it)
+  fence_operands(o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_part[h] += __shfl_xor_sync(0xffffffffu, l_part[h], 1);
+    l_part[h] += __shfl_xor_sync(0xffffffffu, l_part[h], 2);
+  }
+  named_barrier_sync(kBarEpilogue, kConsumers);  // every read of sScaleA / sScaleB is done
+  if (wgi == 1 && t4 == 0) {
+    sScaleA[r_lo] = l_part[0];
+    sScaleA[r_lo + 8] = l_part[1];
+  }
+  named_barrier_sync(kBarEpilogue, kConsumers);
+  if (wgi == 0 && t4 == 0) {
+    sL[r_lo] = l_part[0] + sScaleA[r_lo];
+    sL[r_lo + 8] = l_part[1] + sScaleA[r_lo + 8];
+  }
+  named_barrier_sync(kBarEpilogue, kConsumers);
+  store_tile(p, split, grow0, row0, rows, 16 * w, g, wgi * kValueHalf + 2 * t4,
+             *reinterpret_cast<const float(*)[32][4]>(o), sM, sL, wgi == 0 && t4 == 0, w == 3);
+#else
   const int wgi = warp >> 2;        // consumer warpgroup 0 or 1
   const int w = warp & 3;           // warp within it: rows 16 w .. 16 w + 15
   const int g = lane >> 2, t4 = lane & 3;
@@ -441,6 +720,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   named_barrier_sync(kBarEpilogue, kConsumers);
   store_tile(p, split, grow0, row0, rows, 16 * w, g, wgi * kValueHalf + 2 * t4,
              *reinterpret_cast<const float(*)[32][4]>(o), sM, sL, wgi == 0 && t4 == 0, w == 3);
+#endif  // KD_WG_SEESAW
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an arch without wgmma: never launched (launch_plan dispatches it on sm_90a only)
 #endif
