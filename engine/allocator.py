@@ -145,10 +145,20 @@ class PySlotRuns:
     counts first (`SortedRunAllocator`); errors are ValueError and change nothing.
     """
 
-    def __init__(self, num_slots: int):
+    def __init__(self, num_slots: int, allocated_map: Optional[bytes] = None):
         self.num_slots = int(num_slots)
         self._runs = FreeRuns(self.num_slots)
         self._in_use = bytearray(self.num_slots)
+        if allocated_map is not None:  # rebuilt from the allocated map alone (a pickled allocator)
+            if len(allocated_map) != self.num_slots:
+                raise ValueError(f"the allocated map has {len(allocated_map)} bytes for {self.num_slots} slots")
+            self._in_use[:] = bytes(1 if b else 0 for b in allocated_map)
+            for start, length in runs_of_sorted([s for s in range(self.num_slots) if self._in_use[s]]):
+                self._runs.remove_range(start, length)
+
+    def allocated_map(self) -> bytes:
+        """One byte per slot, 1 = allocated (what rebuilds a core)."""
+        return bytes(self._in_use)
 
     # -- queries (FreeRuns' and the allocated map's) ---------------------------------------------
     @property
@@ -252,19 +262,19 @@ class PySlotRuns:
             n -= length
 
 
-def make_slot_runs(num_slots: int, native: Optional[bool] = None):
+def make_slot_runs(num_slots: int, native: Optional[bool] = None, allocated_map: Optional[bytes] = None):
     """Tier 0's core: the native one (`kdtree.engine.native`) when `native` is True, or None and it
-    builds here; else `PySlotRuns`. native=True where it cannot be built raises RuntimeError."""
-    if native is False:
-        return PySlotRuns(num_slots)
-    from kdtree.engine import native as native_build  # noqa: PLC0415
+    builds here; else `PySlotRuns`. native=True where it cannot be built raises RuntimeError.
+    `allocated_map` (one byte per slot, nonzero = allocated) rebuilds a core in that state."""
+    if native is not False:
+        from kdtree.engine import native as native_build  # noqa: PLC0415
 
-    module = native_build.slot_runs()
-    if module is None:
+        module = native_build.slot_runs()
+        if module is not None:
+            return module.SlotRuns(num_slots) if allocated_map is None else module.SlotRuns(num_slots, allocated_map)
         if native:
             raise RuntimeError(f"the native allocator core is not available: {native_build.unavailable_reason()}")
-        return PySlotRuns(num_slots)
-    return module.SlotRuns(num_slots)
+    return PySlotRuns(num_slots, allocated_map)
 
 
 class SortedRunAllocator(SlotAllocator):
@@ -290,6 +300,20 @@ class SortedRunAllocator(SlotAllocator):
     @property
     def num_free(self) -> int:
         return self._core.num_free
+
+    def __getstate__(self) -> dict:  # pickling and copy.deepcopy (a pool's snapshot): the core as its map
+        state = self.__dict__.copy()
+        core = state.pop("_core")
+        state["_allocated_map"] = core.allocated_map()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        allocated = state.pop("_allocated_map")
+        self.__dict__.update(state)
+        # the native core again where it builds here (the Python one otherwise: same answers)
+        self._core = make_slot_runs(self.num_slots, None if self.native else False, allocated)
+        self.native = not isinstance(self._core, PySlotRuns)
 
     @property
     def free_runs(self):

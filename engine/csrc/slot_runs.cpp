@@ -37,6 +37,30 @@ class SlotRuns {
     num_free_ = num_slots;
   }
 
+  // Rebuilt from the allocated map alone (a pickled or deep-copied allocator): every run of free slots.
+  SlotRuns(i64 num_slots, const std::string& in_use) : SlotRuns(num_slots) {
+    if (static_cast<i64>(in_use.size()) != num_slots)
+      throw std::invalid_argument("SlotRuns state: the allocated map has " + std::to_string(in_use.size()) +
+                                  " bytes for " + std::to_string(num_slots) + " slots");
+    runs_.clear();
+    for (auto& c : classes_) c.clear();
+    num_free_ = 0;
+    for (i64 s = 0; s < num_slots;) {
+      in_use_[s] = in_use[s] ? 1 : 0;
+      if (in_use_[s]) {
+        ++s;
+        continue;
+      }
+      i64 e = s;
+      while (e < num_slots && !in_use[e]) in_use_[e++] = 0;
+      insert_run(s, e);
+      num_free_ += e - s;
+      s = e;
+    }
+  }
+
+  std::string allocated_map() const { return std::string(in_use_.begin(), in_use_.end()); }
+
   i64 num_slots() const { return num_slots_; }
   i64 num_free() const { return num_free_; }
   i64 num_runs() const { return static_cast<i64>(runs_.size()); }
@@ -273,5 +297,7 @@ PYBIND11_MODULE(_slot_runs, m) {
       .def("alloc", &SlotRuns::alloc)
       .def("alloc_after_batch", &SlotRuns::alloc_after_batch)
       .def("free", &SlotRuns::free)
-      .def("claim", &SlotRuns::claim);
+      .def("claim", &SlotRuns::claim)
+      .def(py::init<i64, const std::string&>(), py::arg("num_slots"), py::arg("allocated_map"))
+      .def("allocated_map", [](const SlotRuns& r) { return py::bytes(r.allocated_map()); });
 }

@@ -113,3 +113,42 @@ def test_a_failed_build_says_why_and_the_python_core_serves(monkeypatch, tmp_pat
         assert not SortedRunAllocator(8).native
     finally:
         native.slot_runs.cache_clear()
+
+
+@pytest.mark.parametrize("use_native", [pytest.param(True, marks=needs_native), False], ids=["native", "python"])
+def test_a_copied_or_pickled_allocator_has_the_same_state_and_is_its_own(use_native):
+    import copy
+    import pickle
+
+    from kdtree.engine.kv_pool import KVPool
+
+    a = SortedRunAllocator(300, native=use_native)
+    held = a.alloc_list(40)
+    a.free(held[5:9] + held[20:21])
+    a.claim([100, 101, 250])
+    for b in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert b.native == a.native
+        assert b.free_runs.runs() == a.free_runs.runs() and b.num_free == a.num_free
+        assert [b.is_allocated(s) for s in range(300)] == [a.is_allocated(s) for s in range(300)]
+        b.alloc_list(7)
+        assert b.num_free == a.num_free - 7  # the copy is its own
+    pool = KVPool(1, 300, allocator=SortedRunAllocator(300, native=use_native))
+    snapshot = copy.deepcopy(pool)  # what phase 1's decoy step does to share a prefilled pool
+    assert snapshot.allocator.free_runs.runs() == pool.allocator.free_runs.runs()
+
+
+@needs_native
+def test_a_native_allocator_unpickles_to_the_python_core_where_none_builds(monkeypatch):
+    import pickle
+
+    a = SortedRunAllocator(64, native=True)
+    a.alloc_list(10)
+    data = pickle.dumps(a)
+    monkeypatch.setenv("KDTREE_NATIVE", "0")
+    native.slot_runs.cache_clear()
+    try:
+        b = pickle.loads(data)
+        assert not b.native and b.free_runs.runs() == [(10, 54)]
+    finally:
+        monkeypatch.delenv("KDTREE_NATIVE")
+        native.slot_runs.cache_clear()
