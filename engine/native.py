@@ -4,7 +4,7 @@
 core) or None where it cannot be built (no C++ compiler, no Python headers), saying why once on
 stderr: `SortedRunAllocator` then runs its Python core, which gives the same answers, slower.
 Builds go to `kdtree.kernels.jit.cache_root()/native/<key>/` (the key hashes the source, the
-compiler and the Python ABI), written into a temporary folder and renamed into place under a
+compiler and the Python ABI) through `kdtree.kernels.jit.cached_build`: written into a temporary folder and renamed into place under a
 file lock, so concurrent processes never load half a library. ``KDTREE_NATIVE=0`` turns the
 native core off (the Python core everywhere).
 """
@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
@@ -60,35 +59,17 @@ def build_key(cxx: str) -> str:
 
 def build(verbose: bool = False) -> Path:
     """Compile (or find in the cache) the `_slot_runs` module; return its path."""
-    from kdtree.kernels.jit import JitError, _pybind11_include, _python_include, cache_root  # noqa: PLC0415
+    from kdtree.kernels.jit import JitError, _pybind11_include, _python_include, cache_root, cached_build  # noqa: PLC0415
 
     cxx = find_compiler()
     try:
         includes = [f"-I{_pybind11_include()}", f"-I{_python_include()}"]
     except JitError as err:
         raise NativeBuildError(str(err)) from err
-    key = build_key(cxx)
-    root = cache_root() / "native"
-    target = root / key
-    so_path = target / (MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-    if so_path.exists():
-        return so_path
-    root.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock  # noqa: PLC0415
-
-    with FileLock(str(root / f"{key}.lock"), timeout=600):
-        if so_path.exists():
-            return so_path
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
-        cmd = [cxx, *FLAGS, *includes, str(SOURCE), "-o", str(tmp / so_path.name)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise NativeBuildError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-        if verbose:
-            print(done.stderr, file=sys.stderr)
-        os.replace(tmp, target)
-    return so_path
+    return cached_build(cache_root() / "native", build_key(cxx), MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"),
+                        lambda out: [cxx, *FLAGS, *includes, str(SOURCE), "-o", str(out)],
+                        f"{cxx} building the native allocator core", error=NativeBuildError, timeout=600,
+                        verbose=verbose)
 
 
 def _load(path: Path) -> ModuleType:

@@ -31,7 +31,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 KERNEL_SOURCES = ("tree_verify_mla.cu",)
@@ -154,38 +154,49 @@ def _python_include() -> str:
     return inc
 
 
-def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
-    """Compile (or find in the cache) the extension for `archs`; return the .so path."""
-    nvcc = find_nvcc()
-    key = build_key(archs, nvcc)
-    target_dir = cache_root() / key
-    so_path = target_dir / (MODULE_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-    if so_path.exists():
-        return so_path
-    cache_root().mkdir(parents=True, exist_ok=True)
+def cached_build(root: Path, key: str, filename: str, command: Callable[[Path], list[str]], what: str, *,
+                 error: type[Exception] = JitError, timeout: float = 1800, verbose: bool = False) -> Path:
+    """`root/key/filename`, built on first use by `command(output path)`: the command writes into a
+    temporary folder that is renamed into place under a file lock, so concurrent processes never
+    load half a build (a leftover folder of the same key is replaced). A failing command raises
+    `error` saying "`what` failed" with the command and its output."""
+    target_dir = root / key
+    out_path = target_dir / filename
+    if out_path.exists():
+        return out_path
+    root.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock  # noqa: PLC0415
 
-    with FileLock(str(cache_root() / f"{key}.lock"), timeout=1800):
-        if so_path.exists():
-            return so_path
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_root()))
-        cmd = [nvcc, *BASE_FLAGS, *extra_flags(), "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-               *[flag for a in archs for flag in gencode(a)], *arch_defines(archs),
-               f"-I{CSRC}", f"-I{_pybind11_include()}", f"-I{_python_include()}",
-               *[str(CSRC / s) for s in (*BINDING_SOURCES, *KERNEL_SOURCES)],
-               "-o", str(tmp / so_path.name)]
+    with FileLock(str(root / f"{key}.lock"), timeout=timeout):
+        if out_path.exists():
+            return out_path
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        cmd = command(tmp / filename)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise JitError("nvcc failed building the tree-verify extension:\n" + " ".join(cmd) + "\n"
-                           + proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise error(f"{what} failed:\n" + " ".join(cmd) + "\n" + proc.stdout[-4000:] + proc.stderr[-4000:])
         if verbose:
             print(proc.stdout + proc.stderr, file=sys.stderr)
         (tmp / "command.txt").write_text(" ".join(cmd) + "\n")
         if target_dir.exists():
             shutil.rmtree(target_dir)
         os.replace(tmp, target_dir)
-    return so_path
+    return out_path
+
+
+def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
+    """Compile (or find in the cache) the extension for `archs`; return the .so path."""
+    nvcc = find_nvcc()
+
+    def command(out: Path) -> list[str]:
+        return [nvcc, *BASE_FLAGS, *extra_flags(), "--shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+                *[flag for a in archs for flag in gencode(a)], *arch_defines(archs),
+                f"-I{CSRC}", f"-I{_pybind11_include()}", f"-I{_python_include()}",
+                *[str(CSRC / s) for s in (*BINDING_SOURCES, *KERNEL_SOURCES)], "-o", str(out)]
+
+    return cached_build(cache_root(), build_key(archs, nvcc), MODULE_NAME + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"),
+                        command, "nvcc building the tree-verify extension", verbose=verbose)
 
 
 _loaded: dict[str, object] = {}  # .so path -> module

@@ -160,17 +160,12 @@ def decoy_step(model, backend: str, prompts: list[list[int]], greedy: list[list[
     return DecoyResult([list(r.output) for r in requests], emitted, path_logits), prefilled
 
 
-def margin_fraction(candidate_logits, reference_logits, tie_margin: float | None = None) -> float:
-    """The largest |candidate - reference| logit at any compared row, as a fraction of the
-    reference's top-1 / top-2 margin in that row: how close the candidate came to changing a token.
-    Rows whose margin is below `tie_margin` (near-ties, `TokenExactGateSpec.tie_margin`) are left
-    out; 0.0 when every row is one."""
-    return margin_report(candidate_logits, reference_logits, tie_margin)["fraction"]
-
-
 def margin_report(candidate_logits, reference_logits, tie_margin: float | None = None) -> dict:
-    """`margin_fraction` with what explains it: the worst row's margin and drift, the narrowest
-    margin and its drift, and how many rows were near-ties (margin < `tie_margin`)."""
+    """The largest |candidate - reference| logit of a row as a fraction of the reference's top-1 /
+    top-2 margin in that row (``fraction``: how close the candidate came to changing a token), over
+    the rows whose margin is at least `tie_margin` (near-ties, `TokenExactGateSpec.tie_margin`, are
+    left out; 0.0 when every row is one); with what explains it: the worst row's margin and drift,
+    the narrowest margin and its drift, and how many rows were near-ties."""
     import torch  # noqa: PLC0415
 
     top2 = reference_logits.float().topk(2, dim=-1).values

@@ -146,7 +146,7 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
     `op_under_test` (default `kdtree.kernels.tree_verify_mla`) is the op whose calls are counted in
     every verify step (`phase1_tokens.CountedBackend`); the mean accepted length per step of each
     speculative run is held against the same run with `reference_backend`; the decoy step's logits
-    are held against the reference's on the same KV (``margin_fraction``: how close the candidate
+    are held against the reference's on the same KV (``margin_report``: how close the candidate
     came to changing a token there, as a fraction of the greedy margin); with ``spec.screen``, one
     verify step per round on random trees over a softmax-scale probe model, whose tokens must be
     the reference's wherever rounding noise cannot change them (`phase1_tokens.screened_step`).
