@@ -71,11 +71,12 @@ def _check_tensor(t: torch.Tensor, arg: str, dtypes: tuple, ndim: int, device: t
 
 def validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
              out=None, lse=None, *, float_dtypes=(torch.bfloat16,),
-             check_values: Optional[bool] = None) -> Problem:
+             check_values: Optional[bool] = None, kv_runs=None) -> Problem:
     """Check the call against the contract; raise ValueError naming the argument on any breach.
 
     `check_values` forces the index-value checks on or off; by default they run for CPU inputs
-    and, in debug mode, for CUDA ones (module docstring).
+    and, in debug mode, for CUDA ones (module docstring). `kv_runs` (a
+    `kdtree.kernels.runs.KVRuns`) stands in for kv_indices, which must then be None.
     """
     if not isinstance(q, torch.Tensor):
         _fail("q", f"expected a torch.Tensor, got {type(q).__name__}")
@@ -93,7 +94,12 @@ def validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
         _fail("kv_cache", f"rows must be {QK_DIM} wide, got {kv_cache.shape[1]}")
     _check_tensor(qo_indptr, "qo_indptr", _INDEX_DTYPES, 1, dev)
     _check_tensor(kv_indptr, "kv_indptr", _INDEX_DTYPES, 1, dev)
-    _check_tensor(kv_indices, "kv_indices", _INDEX_DTYPES, 1, dev)
+    if kv_runs is None:
+        _check_tensor(kv_indices, "kv_indices", _INDEX_DTYPES, 1, dev)
+    else:
+        if kv_indices is not None:
+            _fail("kv_indices", "pass kv_indices or kv_runs, not both (kv_runs replaces the per-key slot ids)")
+        _check_runs(kv_runs, dev)
     _check_tensor(tree_mask, "tree_mask", _INDEX_DTYPES, 2, dev)
     entries = qo_indptr.numel()
     if entries < 2:
@@ -118,13 +124,58 @@ def validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
     problem = Problem(nq, h, entries - 1, w, kv_cache.shape[0])
     if check_values is None:
         check_values = dev.type == "cpu" or _debug
+    if kv_runs is not None and kv_runs.indptr.numel() != entries:
+        _fail("kv_runs", f"indptr has {kv_runs.indptr.numel()} entries but qo_indptr has {entries} (both B+1)")
     if check_values:
-        validate_values(problem, qo_indptr, kv_indptr, kv_indices, tree_mask)
+        if kv_runs is None:
+            validate_values(problem, qo_indptr, kv_indptr, kv_indices, tree_mask)
+        else:
+            validate_values(problem, qo_indptr, kv_indptr, None, tree_mask, num_kv=kv_runs.num_kv)
+            validate_run_values(problem, kv_indptr, kv_runs)
     return problem
 
 
-def validate_values(p: Problem, qo_indptr, kv_indptr, kv_indices, tree_mask) -> None:
-    """The checks that read index values (host copies; synchronises a CUDA device)."""
+def _check_runs(kv_runs, dev: torch.device) -> None:
+    if not (isinstance(kv_runs, tuple) and hasattr(kv_runs, "num_kv")):
+        _fail("kv_runs", f"expected a kdtree.kernels.runs.KVRuns, got {type(kv_runs).__name__}")
+    for name in ("indptr", "start", "pos"):
+        _check_tensor(getattr(kv_runs, name), f"kv_runs.{name}", _INDEX_DTYPES, 1, dev)
+    if kv_runs.start.numel() != kv_runs.pos.numel():
+        _fail("kv_runs", f"start has {kv_runs.start.numel()} runs but pos has {kv_runs.pos.numel()}")
+    if not (isinstance(kv_runs.num_kv, int) and kv_runs.num_kv >= 0):
+        _fail("kv_runs", f"num_kv must be a non-negative int (kv_indptr[B]), got {kv_runs.num_kv!r}")
+
+
+def validate_run_values(p: Problem, kv_indptr, kv_runs) -> None:
+    """The value checks of run-length metadata (host copies; synchronises a CUDA device): every
+    non-empty request has runs, each starting at its key 0 and then at increasing keys below its N,
+    and every run's slots lie inside the pool."""
+    n = kv_indptr.cpu().to(torch.int64)
+    n = n[1:] - n[:-1]
+    ri = kv_runs.indptr.cpu().to(torch.int64)
+    start = kv_runs.start.cpu().to(torch.int64)
+    pos = kv_runs.pos.cpu().to(torch.int64)
+    _need(int(ri[0]) == 0 and bool((ri[1:] >= ri[:-1]).all()), "kv_runs",
+          "indptr must start at 0 and be non-decreasing")
+    _need(int(ri[-1]) == start.numel(), "kv_runs", f"indptr ends at {int(ri[-1])} but there are {start.numel()} runs")
+    for b in range(n.numel()):
+        lo, hi, nb = int(ri[b]), int(ri[b + 1]), int(n[b])
+        _need((hi > lo) == (nb > 0), "kv_runs", f"request {b} has {nb} keys but {hi - lo} runs")
+        if hi == lo:
+            continue
+        pb = pos[lo:hi]
+        _need(int(pb[0]) == 0, "kv_runs", f"request {b}'s first run starts at key {int(pb[0])}, not 0")
+        _need(bool((pb[1:] > pb[:-1]).all()) and int(pb[-1]) < nb, "kv_runs",
+              f"request {b}'s run positions must increase and stay below its {nb} keys")
+        length = torch.diff(pb, append=torch.tensor([nb]))
+        sb = start[lo:hi]
+        _need(bool((sb >= 0).all()) and bool((sb + length <= p.pool_slots).all()), "kv_runs",
+              f"request {b} has a run outside the pool's {p.pool_slots} slots")
+
+
+def validate_values(p: Problem, qo_indptr, kv_indptr, kv_indices, tree_mask, num_kv: Optional[int] = None) -> None:
+    """The checks that read index values (host copies; synchronises a CUDA device). With
+    kv_indices None (run-length metadata), `num_kv` is what kv_indptr must end at."""
     qo = qo_indptr.cpu().to(torch.int64)
     kv = kv_indptr.cpu().to(torch.int64)
     _need(int(qo[0]) == 0, "qo_indptr", f"must start at 0, got {int(qo[0])}")
@@ -134,8 +185,10 @@ def validate_values(p: Problem, qo_indptr, kv_indptr, kv_indices, tree_mask) -> 
     _need(bool((t >= 1).all()), "qo_indptr", "must be strictly increasing (every request needs T_b >= 1)")
     _need(bool((n >= 0).all()), "kv_indptr", "must be non-decreasing")
     _need(int(qo[-1]) == p.num_rows, "qo_indptr", f"ends at {int(qo[-1])} but q has {p.num_rows} rows")
-    _need(int(kv[-1]) == kv_indices.numel(), "kv_indptr",
-          f"ends at {int(kv[-1])} but kv_indices has {kv_indices.numel()} entries")
+    total = kv_indices.numel() if kv_indices is not None else num_kv
+    _need(int(kv[-1]) == total, "kv_indptr",
+          f"ends at {int(kv[-1])} but kv_indices has {total} entries" if kv_indices is not None else
+          f"ends at {int(kv[-1])} but kv_runs.num_kv is {total}")
     t_max = int(t.max())
     _need(t_max <= MAX_TREE_NODES, "qo_indptr", f"a request has T_b = {t_max} > the supported {MAX_TREE_NODES}")
     _need(t_max <= 32 * p.mask_words, "tree_mask",
@@ -143,7 +196,7 @@ def validate_values(p: Problem, qo_indptr, kv_indptr, kv_indices, tree_mask) -> 
     bad = torch.nonzero(n < t).flatten()
     _need(bad.numel() == 0, "kv_indptr",
           f"request {int(bad[0]) if bad.numel() else -1} has fewer slots than tree nodes (need L_b + T_b >= T_b)")
-    if kv_indices.numel():
+    if kv_indices is not None and kv_indices.numel():
         idx = kv_indices.cpu()
         lo, hi = int(idx.min()), int(idx.max())
         _need(lo >= 0 and hi < p.pool_slots, "kv_indices",

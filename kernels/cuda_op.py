@@ -22,6 +22,7 @@ import torch
 
 from kdtree.kernels.contract import LATENT_DIM, Problem, validate
 from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
+from kdtree.kernels.runs import KVRuns
 
 _PLAN_CACHE_SIZE = 4096
 
@@ -125,30 +126,40 @@ def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[
 def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
                 kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float,
                 out: torch.Tensor, lse: Optional[torch.Tensor], state: DeviceState,
-                variant: Optional[str] = None, num_splits: Optional[int] = None) -> tuple:
-    """The argument tuple of `state.ext.run` for a validated call (pointers, sizes, plan, stream)."""
-    plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability, variant, num_splits)
+                variant: Optional[str] = None, num_splits: Optional[int] = None,
+                kv_runs: Optional[KVRuns] = None) -> tuple:
+    """The argument tuple of `state.ext.run` for a validated call (pointers, sizes, plan, stream);
+    with `kv_runs`, that of `state.ext.run_runs` (kv_indices None, the run pointers appended)."""
+    num_kv = kv_indices.numel() if kv_runs is None else kv_runs.num_kv
+    plan = cached_plan(problem, num_kv, state.sm_count, state.capability, variant, num_splits)
     ws_o, ws_lse = state.workspace_ptrs
-    return (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
-            kv_indices.data_ptr(), tree_mask.data_ptr(), out.data_ptr(),
+    args = (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
+            kv_indices.data_ptr() if kv_runs is None else 0, tree_mask.data_ptr(), out.data_ptr(),
             lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
             problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
             plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index))
+    if kv_runs is None:
+        return args
+    return args + (kv_runs.indptr.data_ptr(), kv_runs.start.data_ptr(), kv_runs.pos.data_ptr())
+
+
+_RUN_ARGS = 19  # `ext.run`'s arguments; `ext.run_runs` takes three more
 
 
 def _run(state: DeviceState, args: tuple) -> None:
+    fn = state.ext.run_runs if len(args) > _RUN_ARGS else state.ext.run
     if state.index == _current_device():
-        state.ext.run(*args)
+        fn(*args)
     else:
         with torch.cuda.device(state.index):
-            state.ext.run(*args)
+            fn(*args)
 
 
 def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
            kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
            variant: Optional[str] = None, num_splits: Optional[int] = None,
-           padded_rows: bool = False) -> torch.Tensor:
+           padded_rows: bool = False, kv_runs: Optional[KVRuns] = None) -> torch.Tensor:
     """The op contract with the launch plan's choices open: ``variant`` (a name of
     `launch_plan.VARIANTS`) and ``num_splits`` force them (None: chosen from the shapes).
 
@@ -157,10 +168,14 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     their never-written partials; their partial lse is cleared first, so those rows come out
     0 (lse -inf). With one split the kernel leaves them as the caller set them.
 
+    ``kv_runs`` (`kdtree.kernels.runs.KVRuns`, with ``kv_indices=None``): the kernel reads each
+    request's slots as (first slot, first key) runs instead of one id per key.
+
     Never synchronises the device; after the first call on a device it allocates nothing but
     `out`, and only when none is passed.
     """
-    problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse)
+    problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse,
+                       kv_runs=kv_runs)
     if not q.is_cuda:
         raise ValueError(f"q: the CUDA kernel needs CUDA tensors, got a tensor on {q.device} "
                          "(use kdtree.kernels.reference or .naive on the CPU)")
@@ -168,9 +183,10 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     if out is None:
         out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
     if padded_rows:
-        plan = cached_plan(problem, kv_indices.numel(), state.sm_count, state.capability, variant, num_splits)
+        num_kv = kv_indices.numel() if kv_runs is None else kv_runs.num_kv
+        plan = cached_plan(problem, num_kv, state.sm_count, state.capability, variant, num_splits)
         if plan.num_splits > 1:
             _workspaces[state.index][1][: plan.num_splits * problem.num_rows * problem.num_heads].fill_(float("-inf"))
     _run(state, launch_args(problem, q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                            out, lse, state, variant, num_splits))
+                            out, lse, state, variant, num_splits, kv_runs))
     return out

@@ -88,14 +88,14 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
   OnlineSoftmax<KPT, TPR, 0, false> softmax;
 
   // ---- tile loader: slot ids are fetched one tile ahead of the copy that needs them ----
-  const int32_t* idx = p.kv_indices + kv0;
+  const SlotSource slots = slot_source(p, b, kv0);
   int slot_next[kChunksPerThread];
   auto fetch_slots = [&](int tile_base) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int key = (tid + i * kThreads) / kChunksPerRow;
       const int j = tile_base + key;
-      slot_next[i] = j < kend ? __ldg(idx + j) : -1;
+      slot_next[i] = j < kend ? slot_at(slots, j) : -1;
     }
   };
   auto issue_tile = [&](int buf) {

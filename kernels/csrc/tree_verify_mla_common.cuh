@@ -55,6 +55,34 @@ __device__ __forceinline__ bool block_range(const TreeVerifyParams& p, int split
   return true;
 }
 
+// Where one request's slot ids come from: its kv_indices (one id per key), or its runs when the
+// call passes run-length metadata (TreeVerifyParams::kv_run_indptr set).
+struct SlotSource {
+  const int32_t* idx;    // this request's kv_indices, or nullptr for runs
+  const int32_t* start;  // this request's runs: first slot
+  const int32_t* pos;    // and first key
+  int runs;
+};
+
+__device__ __forceinline__ SlotSource slot_source(const TreeVerifyParams& p, int b, int kv0) {
+  if (p.kv_run_indptr == nullptr) return SlotSource{p.kv_indices + kv0, nullptr, nullptr, 0};
+  const int r0 = __ldg(p.kv_run_indptr + b);
+  return SlotSource{nullptr, p.kv_run_start + r0, p.kv_run_pos + r0, __ldg(p.kv_run_indptr + b + 1) - r0};
+}
+
+// Slot of key j of the request (0 <= j < N): one load from kv_indices, or a binary search for the
+// last run that starts at or before j (log2(runs) dependent loads; none for a single run).
+__device__ __forceinline__ int slot_at(const SlotSource& s, int j) {
+  if (s.idx != nullptr) return __ldg(s.idx + j);
+  int lo = 0, hi = s.runs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(s.pos + mid) <= j) lo = mid;
+    else hi = mid - 1;
+  }
+  return __ldg(s.start + lo) + (j - __ldg(s.pos + lo));
+}
+
 // Visibility of keys j0 .. j0 + n - 1 (n <= 32) for a query row whose packed tree-mask row is
 // `mask_row`: bit k set = key j0 + k visible. Prefix keys (j < Lp) are always visible; tree key
 // j is visible when bit j - Lp of the row is set.

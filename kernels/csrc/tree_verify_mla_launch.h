@@ -25,6 +25,12 @@ struct TreeVerifyParams {
   int mask_words;
   int num_splits;
   float scale_log2;  // sm_scale * log2(e)
+  // Run-length KV metadata instead of kv_indices (all three set, or all null): request b's keys
+  // are its runs kv_run_indptr[b] .. kv_run_indptr[b + 1] - 1 in token order; run r holds keys
+  // kv_run_pos[r] .. (the next run's pos) - 1 of its request in slots kv_run_start[r] onwards.
+  const int32_t* kv_run_indptr;  // [B + 1]
+  const int32_t* kv_run_start;   // [R]
+  const int32_t* kv_run_pos;     // [R], 0 for each request's first run, increasing
 };
 
 // Launch on `stream`: no allocation, no synchronisation. grid_y = row blocks per request (an

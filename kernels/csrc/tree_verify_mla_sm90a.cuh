@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     // ---------------- producer warpgroup: thread pair (2 j, 2 j + 1) gathers key j's row ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int pt = tid - kConsumers;
-    const int32_t* idx = p.kv_indices + kv0;
+    const SlotSource slots = slot_source(p, b, kv0);
 #if KD_WG_PRODUCER == 0
     const int j = pt >> 1, c0 = (pt & 1) * (kChunks / 2);
     const uint32_t x = j & 7;
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
         const int base = kbeg + it * kBN;
         const uint32_t dst0 = sbase + Smem::k_off + stage * kTileBytes;
         const bool valid = base + j < kend;
-        const int slot = valid ? __ldg(idx + base + j) : 0;
+        const int slot = valid ? slot_at(slots, base + j) : 0;
         const __nv_bfloat16* src = p.kv + static_cast<int64_t>(slot) * kHeadDim;
         const uint32_t row_dst = dst0 + j * 128;
         const int nbytes = valid ? 16 : 0;  // 0: zero-fill (keys past the split's end)
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         const int j = 16 * r + 4 * pw + rr;
-        slot[r] = base + j < kend ? __ldg(idx + base + j) : -1;
+        slot[r] = base + j < kend ? slot_at(slots, base + j) : -1;
       }
     };
     if (!hooks::kSkipLoads && num_tiles > 0) fetch_slots(0);

@@ -96,13 +96,13 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
 
   if (warp == kConsumers / 32) {
     // ---------------- producer warp ----------------
-    const int32_t* idx = p.kv_indices + kv0;
-    int slot = lane < kBN && kbeg + lane < kend ? __ldg(idx + kbeg + lane) : -1;
+    const SlotSource slots = slot_source(p, b, kv0);
+    int slot = lane < kBN && kbeg + lane < kend ? slot_at(slots, kbeg + lane) : -1;
     for (int it = 0; it < num_tiles; ++it) {
       const int buf = it % kStages;
       const int base = kbeg + it * kBN;
       const int next = base + kBN + lane;
-      const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? __ldg(idx + next) : -1;
+      const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? slot_at(slots, next) : -1;
       if (it >= kStages) mbar_wait(&empty[buf], ((it / kStages) - 1) & 1);
       const int valid = min(kBN, kend - base);
       if (hooks::kSkipLoads) {

@@ -28,3 +28,24 @@ def forcing(variant: str, num_splits: int | None = None):
 for _name in VARIANTS:
     globals()[f"tree_verify_mla_{_name}"] = forcing(_name)
     globals()[f"tree_verify_mla_{_name}_split3"] = forcing(_name, 3)
+
+
+def reading_runs(variant: str | None = None, num_splits: int | None = None):
+    """The CUDA kernel called with run-length KV metadata (`kdtree.kernels.runs`) built from the
+    case's kv_indices, instead of the indices themselves (``variant`` / ``num_splits`` forced)."""
+
+    def call(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, **kwargs):
+        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+        from kdtree.kernels.runs import runs_from_indices  # noqa: PLC0415
+
+        return launch(q, kv_cache, qo_indptr, kv_indptr, None, tree_mask, sm_scale, **kwargs,
+                      kv_runs=runs_from_indices(kv_indptr, kv_indices), variant=variant, num_splits=num_splits)
+
+    call.__name__ = "tree_verify_mla_runs" + (f"_{variant}" if variant else "") + (
+        f"_split{num_splits}" if num_splits else "")
+    return call
+
+
+tree_verify_mla_runs = reading_runs()
+for _name in VARIANTS:
+    globals()[f"tree_verify_mla_runs_{_name}_split3"] = reading_runs(_name, 3)

@@ -83,6 +83,12 @@ IMPLS = [
            rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True, variant=v) for v in ("base16", "base32", "ws", "wgmma")),
     *(Impl(f"cuda-{v}-split3", f"cuda_variants:tree_verify_mla_{v}_split3", torch.bfloat16,
            rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True, variant=v) for v in ("base16", "base32", "ws", "wgmma")),
+    # the same kernels reading run-length KV metadata (kdtree.kernels.runs) instead of kv_indices;
+    # the cases' slots are a random permutation, so nearly every key is its own run
+    Impl("cuda-runs", "cuda_variants:tree_verify_mla_runs", torch.bfloat16,
+         rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True),
+    *(Impl(f"cuda-runs-{v}-split3", f"cuda_variants:tree_verify_mla_runs_{v}_split3", torch.bfloat16,
+           rel_l2=1e-2, max_abs=4e-2, lse_abs=1e-3, gpu=True, variant=v) for v in ("base16", "base32", "ws", "wgmma")),
 ]
 
 BY_NAME = {impl.name: impl for impl in IMPLS}
