@@ -70,15 +70,20 @@ SPEC = PhaseSpec(
               "B=8 L=32k, H=16, T=16: the phase-1 kernel on the Tier 0+1 layout / the unsorted "
               "layout of the same requests after the same churn (GPU time, interleaved; outputs "
               "agree); the whole step (allocator, metadata, kernel x 61 layers, relocation) defrag "
-              "on / off. Tolerances: 2 % kernel, 5 % step (timing noise of a host-bound step)"),
-        _gate("benefit", ["torch"], [("handoff_speedup", ">=", 2.0, "x")],
-              "a B=8 L=32k request's KV copied to host memory and back, fragmented / defragmented, "
-              "best of a gather and one copy per run on each side (pinned memory on a GPU; the CPU "
-              "figure is a fallback, noted in the record). Recorded beside it: the hand-off as "
-              "SGLang's PD disaggregation issues it (one transfer per contiguous run per layer), "
-              "the gather's staging memory and, on a GPU, the slowdown of a verify kernel on the "
-              "main stream while either copy runs on a side stream; run-length metadata bytes, "
-              "its runs -> kv_indices expansion and the full indices' upload per step"),
+              "on / off. Tolerances: 2 % kernel, 5 % step (timing noise of a host-bound step). "
+              "Recorded beside it: the kernel reading (first slot, first key) runs instead of "
+              "kv_indices (kdtree.kernels.runs) on each layout, its time / the indices path's and "
+              "whether its output is the same bits"),
+        _gate("benefit", ["torch"], [("pd_handoff_speedup", ">=", 2.0, "x")],
+              "a B=8 L=32k request's KV handed off as SGLang's PD disaggregation issues it (one "
+              "transfer per contiguous run of source and destination slots per layer; destination a "
+              "pinned host buffer on a GPU, host memory on the CPU fallback, noted in the record), "
+              "fragmented / defragmented. Recorded, not gated: the host offload round trip by a "
+              "gather, by one copy per run and the best of both on each side (a gather copies a "
+              "fragmented request as fast as a contiguous one: contiguity buys offload nothing), "
+              "the gather's staging memory and, on a GPU, the slowdown of a verify kernel on the main "
+              "stream while either copy runs on a side stream; run-length metadata bytes, its runs -> "
+              "kv_indices expansion and the full indices' upload per step"),
     ],
 )
 

@@ -285,7 +285,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
     if kernel_fn is None:
-        from kdtree.kernels import tree_verify_mla as kernel_fn  # noqa: PLC0415
+        kernel_fn = _owned_kernel()
     device = torch.device(ctx.device)
     lc = dict(LONG_CONTEXT if long_context is None else long_context)
     step_slots = lc.pop("step_num_slots", 1 << 19)  # 61 stores of 2^19 slots: 37 GB per mode
@@ -313,14 +313,37 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     cases = {m: _verify_inputs(pools[m], run_lists[m], q, masks, device) for m in layouts}
     outs = {m: _call(kernel_fn, c) for m, c in cases.items()}
     agree = float((outs["unsorted"].float() - outs["tier0+1"].float()).abs().max())
-    timer = _timer(device)
-    times = {m: [] for m in cases}
-    for _ in range(repeats):
+    calls = {m: (lambda c=c: _call(kernel_fn, c)) for m, c in cases.items()}
+    # (item 3a) the owned kernel reading (first slot, first key) runs instead of kv_indices, on
+    # each layout: its output must be the indices path's, bit for bit
+    runs_paths = kernel_fn is _owned_kernel() and device.type == "cuda"
+    runs_identical = 1.0
+    if runs_paths:
+        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+        from kdtree.kernels.runs import runs_from_run_lists  # noqa: PLC0415
+
         for m, c in cases.items():
-            times[m].append(timer(lambda c=c: _call(kernel_fn, c)))
+            kv_runs = runs_from_run_lists(run_lists[m], device)
+            args = (c["q"], c["kv_cache"], c["qo_indptr"], c["kv_indptr"], None, c["tree_mask"], c["sm_scale"])
+            out_runs = torch.full_like(outs[m], float("nan"))
+            launch(*args, out=out_runs, kv_runs=kv_runs)
+            runs_identical = min(runs_identical, float(torch.equal(out_runs, outs[m])))
+            calls[f"{m} runs"] = lambda a=args, r=kv_runs, o=out_runs: launch(*a, out=o, kv_runs=r)
+    timer = _timer(device)
+    times = {m: [] for m in calls}
+    for _ in range(repeats):
+        for m, call in calls.items():
+            times[m].append(timer(call))
     kernel_ratio = statistics.median(times["tier0+1"]) / statistics.median(times["unsorted"])
+    runs_figures = {}
+    if runs_paths:
+        for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
+            runs_figures[f"runs_kernel_time_ratio_{name}"] = (statistics.median(times[f"{m} runs"])
+                                                              / statistics.median(times[m]))
+            runs_figures[f"runs_kernel_ms_{name}"] = statistics.median(times[f"{m} runs"]) * 1e3
+        runs_figures["runs_kernel_outputs_identical"] = runs_identical
     runs_per_req = {m: sum(r.pool.requests.num_runs(k) for k in live) / len(live) for m, r in runs.items()}
-    del pools, cases, outs, runs
+    del pools, cases, outs, runs, calls
 
     # (2) the whole step, defrag on vs off, interleaved
     ctx.progress("no_slowdown: whole steps", None)
@@ -370,6 +393,8 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
         "runs_per_request_fragmented": runs_per_req["unsorted"],
         "runs_per_request_defragmented": runs_per_req["tier0+1"],
         "copy_traffic_fraction": copy_fraction,
+        "runs_kernel_measured": 1.0 if runs_paths else 0.0,
+        **runs_figures,
     }, ctx, details={"layers": layers, "heads": KERNEL_HEADS, "tree_nodes": TREE_NODES,
                      "alloc_cost_fraction_of_step": f"allocator calls alone (Tier 0+1, median per step) / "
                      f"{VERIFY_STEP_PRESET} verify step = {preset_cfg.num_layers} layers x kernel_ms_fragmented "
@@ -377,6 +402,12 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
                      "4.3 TB/s; _of_timed_step: allocator + maps / this gate's 61-layer step",
                      "long_context": {k: list(v) if isinstance(v, tuple) else v for k, v in lc.items()},
                      "timer": getattr(timer, "label", "perf_counter")})
+
+
+def _owned_kernel():
+    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
+
+    return tree_verify_mla
 
 
 def _timer(device):
@@ -414,11 +445,13 @@ def _timed_step(run, kernel_fn, q, masks, device) -> float:
 
 # -- benefit ----------------------------------------------------------------------------------------
 def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, stores: int = 4,
-                  repeats: int = 10) -> GateResult:
+                  repeats: int = 10, defrag_mode: str = "tier0+1") -> GateResult:
     """What contiguity buys, from B=8 L=32k requests after churn, fragmented (unsorted) vs
-    defragmented (Tier 0+1): (b) copying a request's KV to the host and back — the best of a
-    gather and one copy per run on each side (the gated figure), and each method alone; (a) the
-    run-length metadata's bytes and its runs -> kv_indices expansion per verify step."""
+    defragmented (`defrag_mode`, Tier 0+1; the tests hand it a mode that does not defragment):
+    (b) the hand-off of a request's KV as SGLang's PD disaggregation issues it — one transfer per
+    contiguous run per layer — (the gated figure), and the host offload round trip by a gather,
+    by one copy per run and the best of both; (a) the run-length metadata's bytes and its
+    runs -> kv_indices expansion per verify step."""
     import torch  # noqa: PLC0415
 
     from kdtree.engine.defrag_measure import (  # noqa: PLC0415
@@ -434,74 +467,80 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
         lc.update(num_slots=1 << 18, prompt_len=(8192, 8192), steps=60)
     seed = ctx.fresh_seed()
     ctx.progress("benefit: churn layouts", None)
-    runs = churn_layouts(_churn_config(ctx, **lc), seed, ("unsorted", "tier0+1"))
+    modes = {"fragmented": "unsorted", "defragmented": defrag_mode}
+    runs = churn_layouts(_churn_config(ctx, **lc), seed, tuple(dict.fromkeys(modes.values())))
     live = sorted(runs["unsorted"].pool.requests.keys())
-    layouts = {m: [r.pool.requests.slots(k) for k in live] for m, r in runs.items()}
+    layouts = {name: [runs[m].pool.requests.slots(k) for k in live] for name, m in modes.items()}
     n_stores = stores if device.type == "cuda" else 1
     pool = [torch.zeros(lc["num_slots"], 576, dtype=torch.bfloat16, device=device) for _ in range(n_stores)]
-    t = {}
-    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
-        for method in ("gather", "runs"):
-            ctx.progress(f"benefit: {name} {method}", None)
-            t[f"{name}_{method}"] = copy_out_and_back(pool, layouts[m][0], method, repeats)
-    frag = min(t["fragmented_gather"], t["fragmented_runs"])
-    defrag = min(t["defragmented_gather"], t["defragmented_runs"])
-    request_bytes = len(layouts["unsorted"][0]) * 1152 * n_stores
-    figures: dict[str, Any] = {
-        "handoff_speedup": frag / defrag,
-        "handoff_speedup_per_run_copies": t["fragmented_runs"] / t["defragmented_runs"],
-        "handoff_speedup_gather": t["fragmented_gather"] / t["defragmented_gather"],
-        "handoff_GBps_defragmented": 2 * request_bytes / defrag / 1e9,
-        "handoff_GBps_fragmented": 2 * request_bytes / frag / 1e9,
-        "measured_on_gpu": 1.0 if device.type == "cuda" else 0.0,
-    }
-    figures.update({f"handoff_ms_{k}": v * 1e3 for k, v in t.items()})
-    # (a) the hand-off as SGLang's PD disaggregation issues it: one transfer per contiguous run
-    # of (source, destination) slots per layer, one way; the one-way gather beside it
-    tokens0 = len(layouts["unsorted"][0])
-    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
+    figures: dict[str, Any] = {}
+    # the gated figure: the hand-off as SGLang's PD disaggregation issues it, one transfer per
+    # contiguous run of (source, destination) slots per layer, one way; the one-way gather beside it
+    for name in modes:
         ctx.progress(f"benefit: PD hand-off, {name}", None)
-        seconds, transfers = pd_handoff(pool, layouts[m][0], repeats)
+        seconds, transfers = pd_handoff(pool, layouts[name][0], repeats)
         figures[f"pd_handoff_ms_{name}"] = seconds * 1e3
         figures[f"pd_transfers_per_layer_{name}"] = transfers
-        figures[f"gather_out_ms_{name}"] = median_seconds(gather_out(pool, layouts[m][0]), device, repeats) * 1e3
-    figures["pd_handoff_speedup"] = figures["pd_handoff_ms_fragmented"] / figures["pd_handoff_ms_defragmented"]
+        figures[f"gather_out_ms_{name}"] = median_seconds(gather_out(pool, layouts[name][0]), device, repeats) * 1e3
+    figures = {"pd_handoff_speedup": figures["pd_handoff_ms_fragmented"] / figures["pd_handoff_ms_defragmented"],
+               **figures}
     figures["pd_handoff_defragmented_vs_gather"] = (figures["pd_handoff_ms_defragmented"]
                                                     / figures["gather_out_ms_defragmented"])
-    # (b) what the gather costs that per-run copies do not: staging memory, and the main stream's
+    # the host offload round trip (HiCache-style), each method and the best of both on each side
+    t = {}
+    for name in modes:
+        for method in ("gather", "runs"):
+            ctx.progress(f"benefit: round trip, {name} {method}", None)
+            t[f"{name}_{method}"] = copy_out_and_back(pool, layouts[name][0], method, repeats)
+    frag = min(t["fragmented_gather"], t["fragmented_runs"])
+    defrag = min(t["defragmented_gather"], t["defragmented_runs"])
+    request_bytes = len(layouts["fragmented"][0]) * 1152 * n_stores
+    figures.update({
+        "round_trip_speedup_best_of": frag / defrag,
+        "round_trip_speedup_per_run_copies": t["fragmented_runs"] / t["defragmented_runs"],
+        "round_trip_speedup_gather": t["fragmented_gather"] / t["defragmented_gather"],
+        "round_trip_GBps_defragmented": 2 * request_bytes / defrag / 1e9,
+        "round_trip_GBps_fragmented": 2 * request_bytes / frag / 1e9,
+        "measured_on_gpu": 1.0 if device.type == "cuda" else 0.0,
+    })
+    figures.update({f"round_trip_ms_{k}": v * 1e3 for k, v in t.items()})
+    # what the gather costs that per-run copies do not: staging memory, and the main stream's
     # slowdown while the copy runs on a side stream
+    tokens0 = len(layouts["fragmented"][0])
     staging = gather_staging_bytes(tokens0, 1152, STEP_LAYERS)
     figures["gather_staging_MB_per_layer"] = staging["per_layer"] / 1e6
     figures[f"gather_staging_GB_{STEP_LAYERS}_layers"] = staging["all_layers"] / 1e9
     figures["interference_measured"] = 1.0 if device.type == "cuda" else 0.0
     if device.type == "cuda":
-        figures.update(_interference(pool, layouts, runs, live, device, seed))
+        figures.update(_interference(pool, layouts, runs[defrag_mode], live, device, seed))
     del pool
-    tokens = sum(len(s) for s in layouts["unsorted"])
-    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
-        starts, lens, total = request_runs_tensors(layouts[m], device)
+    tokens = sum(len(s) for s in layouts["fragmented"])
+    for name in modes:
+        starts, lens, total = request_runs_tensors(layouts[name], device)
         figures[f"metadata_runs_bytes_{name}"] = runs_metadata_bytes(int(starts.numel()), len(live))
         figures[f"runs_expand_us_{name}"] = expand_seconds(starts, lens, total) * 1e6
         figures[f"runs_per_request_{name}"] = starts.numel() / len(live)
     figures["metadata_indices_bytes"] = indices_metadata_bytes(tokens, len(live))
     # What the runs would save: uploading the whole kv_indices each step. The engine does not do
     # that: its SlotMirror keeps request prefixes on the device and uploads only the new slots.
-    figures["indices_upload_us"] = upload_seconds(layouts["unsorted"], device) * 1e6
+    figures["indices_upload_us"] = upload_seconds(layouts["fragmented"], device) * 1e6
     figures["indices_new_slots_bytes_per_step"] = 4 * TREE_NODES * len(live)
     figures["metadata_bytes_ratio_defragmented"] = (figures["metadata_indices_bytes"]
                                                     / figures["metadata_runs_bytes_defragmented"])
     return check_metric(spec, figures, ctx, details={
-        "request_tokens": len(layouts["unsorted"][0]), "stores": n_stores, "batch": len(live),
+        "request_tokens": tokens0, "stores": n_stores, "batch": len(live), "defrag_mode": defrag_mode,
         "fallback": None if device.type == "cuda" else
         "CPU: host memory to host memory, not pinned; the honest figure needs the GPU (D2H over PCIe); "
         "the main stream's slowdown under a concurrent copy is not measured on a CPU",
         "pd_handoff": "SGLang's PD transfer: (src, dst) slot pairs grouped where both are contiguous "
                       "(sglang/srt/disaggregation/common/utils.py group_concurrent_contiguous), one transfer "
                       "per group per layer (mooncake/conn.py); destination a contiguous pinned host buffer",
-        "gated_figure": "handoff_speedup: the round trip, best of a gather and per-run copies on each side"})
+        "gated_figure": "pd_handoff_speedup: the hand-off as SGLang's PD disaggregation issues it; the host "
+                        "offload round trip (round_trip_speedup_best_of: a gather where it is faster) is "
+                        "recorded, not gated: a gather copies a fragmented request as fast as a contiguous one"})
 
 
-def _interference(pool, layouts, runs, live, device, seed) -> dict[str, float]:
+def _interference(pool, layouts, defragmented_run, live, device, seed) -> dict[str, float]:
     """The main stream's slowdown while one request's KV (every store) is copied out on a side
     stream: the phase-1 kernel on the B=8 requests (one layer) against each copy method."""
     import torch  # noqa: PLC0415
@@ -514,16 +553,16 @@ def _interference(pool, layouts, runs, live, device, seed) -> dict[str, float]:
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(TREE_NODES * len(live), KERNEL_HEADS, 576, generator=gen).to(torch.bfloat16).to(device)
     masks = pack_tree_masks([[-1] + list(range(TREE_NODES - 1))] * len(live)).to(device)
-    case = _verify_inputs(pool[0], [runs["tier0+1"].pool.requests.runs(k) for k in live], q, masks, device)
+    case = _verify_inputs(pool[0], [defragmented_run.pool.requests.runs(k) for k in live], q, masks, device)
     out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=device)
 
     def kernel() -> None:
         _call(tree_verify_mla, case, out=out)
 
     figures = {}
-    for m, name in (("unsorted", "fragmented"), ("tier0+1", "defragmented")):
+    for name in ("fragmented", "defragmented"):
         for method, make in (("gather", gather_out), ("runs", runs_out)):
-            r = main_stream_slowdown(kernel, make(pool, layouts[m][0]), device,
+            r = main_stream_slowdown(kernel, make(pool, layouts[name][0]), device,
                                      lambda s: sleep_cycles(s, gpu_cycles_per_s(device)))
             figures[f"main_stream_slowdown_{method}_{name}"] = r["slowdown"]
             figures[f"copy_out_ms_{method}_{name}_alone"] = r["copy_ms_alone"]

@@ -158,6 +158,9 @@ def test_benefit_records_the_cpu_fallback_and_every_figure():
     # (a) SGLang's PD hand-off: one transfer per run per layer, so defrag cuts the transfers
     assert _figure(r, "pd_transfers_per_layer_defragmented") < _figure(r, "pd_transfers_per_layer_fragmented")
     assert _figure(r, "pd_handoff_speedup") > 0 and "group_concurrent_contiguous" in r.details["pd_handoff"]
+    assert r.figures[0].name == "pd_handoff_speedup" and "pd_handoff_speedup" in r.details["gated_figure"]
+    for method in ("best_of", "per_run_copies", "gather"):  # the offload round trip: recorded
+        assert _figure(r, f"round_trip_speedup_{method}") > 0
     # (b) the gather's staging: one request's rows, per layer and for 61 layers
     tokens = r.details["request_tokens"]
     assert _figure(r, "gather_staging_MB_per_layer") == pytest.approx(tokens * 1152 / 1e6)
@@ -174,6 +177,16 @@ def test_pairwise_runs_break_where_either_side_breaks():
     assert pairwise_runs([], []) == []
     with pytest.raises(ValueError, match="destinations"):
         pairwise_runs([1, 2], [0])
+
+
+def test_benefit_fails_when_the_defragmenter_does_not_defragment():
+    # the broken candidate: the "defragmented" layout is the unsorted allocator's, so the PD
+    # hand-off issues as many transfers either way and cannot be 2x faster
+    lc = dict(num_slots=1 << 13, live_requests=4, prompt_len=(1024, 1024), new_tokens=(32, 128), steps=20)
+    r = _run("benefit", long_context=lc, repeats=3, defrag_mode="unsorted")
+    assert r.outcome is Outcome.FAILED, r.summary
+    assert "pd_handoff_speedup" in r.summary and r.details["defrag_mode"] == "unsorted"
+    assert _figure(r, "pd_transfers_per_layer_defragmented") == _figure(r, "pd_transfers_per_layer_fragmented")
 
 
 @pytest.mark.gpu
@@ -211,6 +224,7 @@ def test_no_slowdown_logic_on_cpu_with_the_torch_kernel():
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
     assert _figure(r, "kernel_outputs_max_abs_diff") == 0  # same KV, same order: identical output
     assert _figure(r, "runs_per_request_defragmented") <= _figure(r, "runs_per_request_fragmented")
+    assert _figure(r, "runs_kernel_measured") == 0  # the runs path is the CUDA kernel's
 
 
 @pytest.mark.gpu
@@ -227,3 +241,7 @@ def test_no_slowdown_on_the_gpu():
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
     assert _figure(r, "kernel_outputs_max_abs_diff") <= 1e-2  # same KV in token order: same output
     assert _figure(r, "runs_per_request_defragmented") < _figure(r, "runs_per_request_fragmented")
+    assert _figure(r, "runs_kernel_measured") == 1
+    assert _figure(r, "runs_kernel_outputs_identical") == 1  # runs and kv_indices: the same bits
+    for name in ("fragmented", "defragmented"):
+        assert _figure(r, f"runs_kernel_ms_{name}") > 0
