@@ -411,19 +411,22 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       softmax(s, kbeg + 2 * i * kBN, m_in, m_a, sa, psum);
       pack(s, pa);
       store_p(pa);  // P_a for warpgroup 1's half of P_a V_a
+      __syncwarp();  // the quad's reads of sM above come before its first lane overwrites them
       if (t4 == 0) {
         sM[r_lo] = m_a[0];
         sM[r_lo + 8] = m_a[1];
         sScaleA[r_lo] = sa[0];
         sScaleA[r_lo + 8] = sa[1];
       }
-      named_barrier_arrive(kBarMA, kConsumers);
       rescale(sa);
       fence_operands(pa[0]);
       fence_operands(pa[1]);
       fence_operands(pa[2]);
       fence_operands(pa[3]);
       issue_pv_reg_p(pa, 0);
+      // bar.sync on both sides (compute-sanitizer's racecheck does not take a bar.arrive as
+      // ordering the arriving side's reads before the other side's later writes)
+      named_barrier_sync(kBarMA, kConsumers);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
       if (has_b) {
@@ -475,16 +478,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       // will not let S's registers be written while an MMA of this warpgroup is in flight.)
       if (has_b) {
         softmax(s, kbeg + (2 * i + 1) * kBN, m_a, m_b, sb, psum);
+        __syncwarp();
         if (t4 == 0) {
           sM[r_lo] = m_b[0];
           sM[r_lo + 8] = m_b[1];
           sScaleB[r_lo] = sb[0];
           sScaleB[r_lo + 8] = sb[1];
         }
-        named_barrier_arrive(kBarSB, kConsumers);
       }
       rescale(sa);
       issue_pv_smem_p(0);  // O_R = sa O_R + P_a V_a[:, 256:512]
+      // bar.sync on both sides, as the other schedule's P hand-off: this warpgroup's reads of
+      // tile a's max and factor also come before warpgroup 0 overwrites them for the next pair
+      if (has_b) named_barrier_sync(kBarSB, kConsumers);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
       wgmma_wait<0>();  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
@@ -494,12 +500,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
         rescale(sb);
         pack(s, pa);
         store_p(pa);  // P_b for warpgroup 0's half of P_b V_b
-        named_barrier_arrive(kBarPB, kConsumers);
         fence_operands(pa[0]);
         fence_operands(pa[1]);
         fence_operands(pa[2]);
         fence_operands(pa[3]);
         issue_pv_reg_p(pa, 1);
+        named_barrier_sync(kBarPB, kConsumers);  // both sides: P_a's reads and P_b's writes before the next P_a
         wgmma_wait<0>();
         fence_operands(o);
         mbar_arrive(&empty[1]);
