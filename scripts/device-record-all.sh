@@ -6,14 +6,18 @@
 #   bash scripts/device-record-all.sh rest     carry .whl and .whl-sglang: phases 2, 3, 4; first copy
 #                                              the phase-1 record the first call returned into
 #                                              plans/results/phase1/ so they are not refused
+#   bash scripts/device-record-all.sh urgent   carry .whl and .whl-sglang: when device time is short,
+#                                              phase 4 first (forced past stale earlier phases; the run
+#                                              records that), the kernel's run-length GPU tests, then
+#                                              phases 2 and 3 (forced), in one call of <= 560 s
 # Each call copies the new records into $OUT; copy them into plans/results/<phase>/ here and run
 # `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
 set -u
 WHICH=${1:?phase1 or rest}
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
-record() {  # record PHASE TIMEOUT_S
-  timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda 2>&1 \
+record() {  # record PHASE TIMEOUT_S [--force]
+  timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda ${3:-} 2>&1 \
     | grep -v "INFO - \|UserWarning" | tail -25 | tee -a "$OUT/records.log"
   local newest; newest=$(ls -t plans/results/"$1"/2*.json 2>/dev/null | head -1)
   [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")"
@@ -30,6 +34,12 @@ case "$WHICH" in
     fi
     record phase1 560 ;;
   rest) for p in phase2 phase3 phase4; do record "$p" 250; done ;;
-  *) echo "unknown step '$WHICH': phase1 or rest"; exit 2 ;;
+  urgent)
+    record phase4 200 --force
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_runs.py -m gpu \
+      --junitxml="$OUT/gpu-runs.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
+    record phase2 110 --force
+    record phase3 110 --force ;;
+  *) echo "unknown step '$WHICH': phase1, rest or urgent"; exit 2 ;;
 esac
 ls "$OUT"
