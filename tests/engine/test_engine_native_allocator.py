@@ -68,6 +68,9 @@ def test_native_and_python_cores_agree_on_every_operation(size, ops):
         assert pair[0].free_runs.largest_run() == pair[1].free_runs.largest_run()
         for n in (1, 3, 17):
             assert pair[0].free_runs.first_fit(n) == pair[1].free_runs.first_fit(n)
+        assert len(pair[0].free_runs) == len(pair[1].free_runs)
+        for probe in (-1, 0, r % size, size - 1, size):  # a run's start, a slot inside one, out of range
+            assert pair[0].free_runs.run_at(probe) == pair[1].free_runs.run_at(probe), probe
 
 
 @needs_native
