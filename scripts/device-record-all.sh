@@ -13,7 +13,7 @@
 # Each call copies the new records into $OUT; copy them into plans/results/<phase>/ here and run
 # `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
 set -u
-WHICH=${1:?phase1 or rest}
+WHICH=${1:?phase1, rest or urgent}
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 record() {  # record PHASE TIMEOUT_S [--force]
