@@ -221,10 +221,9 @@ def _allocator_cost_b8(ctx: GateContext, seed: int) -> dict[str, float]:
         ctx.progress(f"allocator cost at B=8: {mode}", None)
         run = ChurnRun(cfg, mode, seed, trace=mode == "unsorted")
         stats = run.run()
-        key = f"allocator_us_per_step_b8_{mode.replace('+', '')}"
-        out[key] = 1e6 * statistics.median(stats.allocator_seconds)
+        out[f"allocator_us_per_step_b8_{mode.replace('+', '')}"] = 1e6 * statistics.median(stats.allocator_seconds)
         # the mean carries the steps that admit a 32k prompt or release a finished request
-        out[f"{key}_mean"] = 1e6 * statistics.mean(stats.allocator_seconds)
+        out[f"allocator_us_per_step_b8_{mode.replace('+', '')}_mean"] = 1e6 * statistics.mean(stats.allocator_seconds)
         if mode == "unsorted":
             out["allocator_us_per_step_b8_sglang_model"] = 1e6 * statistics.median(
                 replay_on_sglang_model(run.pool.allocator.trace, cfg.num_slots, ctx.device))
