@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import math
 import os
+import re
 import shutil
 import time
 import traceback
@@ -197,6 +198,36 @@ def _cuda_capability() -> Optional[tuple[int, int]]:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_capability()
+
+
+KNOWN_REQUIREMENTS = ("cuda", "sm>=NN", "nvcc", "triton", "compute-sanitizer", "torch", "exe:NAME")
+_SM_RE = re.compile(r"^sm>=[0-9]{2,3}$")
+
+
+def requirement_error(req: str) -> Optional[str]:
+    """Why ``req`` is not a requirement `missing_requirement` knows (None: it is one).
+
+    Gate specs call this when they are built, so a typo'd requirement is refused at load with
+    the spec's file and line instead of skipping the gate on every machine.
+    """
+    if req in ("cuda", "nvcc", "triton", "compute-sanitizer", "torch") or _SM_RE.match(req):
+        return None
+    if req.startswith("exe:") and len(req) > 4 and "/" not in req[4:]:
+        return None
+    hint = ""
+    if req.startswith("sm"):
+        hint = " (write a compute capability as sm>=80, sm>=90, sm>=120)"
+    elif req.startswith("exe:"):
+        hint = " (exe: takes a program name found on PATH, e.g. exe:ninja)"
+    else:
+        hint = f" (for any other program on PATH write exe:{req})"
+    return (f"unknown requirement {req!r}{hint}; the known requirements are "
+            + ", ".join(KNOWN_REQUIREMENTS))
+
+
+def needs_cuda(requires: list[str]) -> bool:
+    """Whether these requirements ask for a CUDA device (``cuda`` or ``sm>=NN``)."""
+    return any(r == "cuda" or r.startswith("sm>=") for r in requires)
 
 
 def missing_requirement(requires: list[str], ctx: GateContext) -> Optional[str]:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kdtree.gates.base import Comparator
+from kdtree.gates.base import Comparator, requirement_error
 
 
 class _Strict(BaseModel):
@@ -43,8 +43,16 @@ class GateSpecBase(_Strict):
     kind: str
     name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
     description: str = ""
-    requires: list[str] = Field(default_factory=list)
+    requires: list[str] = Field(default_factory=list)  # see kdtree.gates.base.KNOWN_REQUIREMENTS
     targets: list[Target] = Field(default_factory=list)
+
+    @field_validator("requires")
+    @classmethod
+    def _known_requirements(cls, requires: list[str]) -> list[str]:
+        problems = [p for p in map(requirement_error, requires) if p]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return requires
 
 
 class BuildGateSpec(GateSpecBase):
@@ -195,6 +203,10 @@ class PhaseSpec(_Strict):
     deliverables: list[str] = Field(default_factory=list)
     inputs: list[str] = Field(default_factory=list)  # file globs, relative to the repo root
     gates: list[GateSpec] = Field(min_length=1)
+    # The software whose versions a run record stores besides python and the orchestrator:
+    # "torch" (with its CUDA runtime), "triton", "nvcc", or any installed distribution's name.
+    # Not part of the spec hash: declaring one more makes no record stale.
+    versions: list[str] = Field(default_factory=list)
 
     @field_validator("gates")
     @classmethod
@@ -222,8 +234,10 @@ class PhaseSpec(_Strict):
     def spec_hash(self) -> str:
         """Hash of the spec, thresholds included: a changed threshold makes the phase stale.
 
-        Targets are left out: they never decide a state, so changing one makes nothing stale.
+        Targets and versions are left out: they never decide a state, so changing one makes
+        nothing stale.
         """
-        blob = json.dumps(self.model_dump(mode="json", exclude={"gates": {"__all__": {"targets"}}}),
+        blob = json.dumps(self.model_dump(mode="json", exclude={"versions": True,
+                                                                 "gates": {"__all__": {"targets"}}}),
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -17,6 +17,7 @@ from pathlib import Path
 from kdtree.orchestrator.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import split_lines
 from kdtree.orchestrator.specs import RunRecord
+from kdtree.orchestrator.textfile import read_text
 from kdtree.orchestrator.views import key_figure_text
 
 _HEADER = ("# Changelog\n\nAll notable changes to this project are documented here. The format "
@@ -68,10 +69,7 @@ def add_entries(text: str, lines: list[str]) -> str:
 
 def update_changelog(path: Path, entries: list[tuple[str, RunRecord]]) -> list[str]:
     """Add the entries not yet recorded; return the lines added. Atomic; untouched if none."""
-    text = ""
-    if path.is_file():
-        with open(path, encoding="utf-8", newline="") as fh:
-            text = fh.read()
+    text = read_text(path, "the changelog", missing_ok=True)
     lines = [entry_line(title, rec) for title, rec in entries if not recorded(text, rec)]
     if lines:
         atomic_write_text(path, add_entries(text, lines))

@@ -37,8 +37,11 @@ from typing import Optional
 from kdtree.orchestrator.changelog import update_changelog
 from kdtree.orchestrator.commitset import select, stage, working_tree_changes
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.evidence import complete_peer, skipped
-from kdtree.orchestrator.gitinfo import in_progress_operation, open_repo
+from kdtree.orchestrator.evidence import changed_during_run, complete_peer, deciding_run, latest_by_device, skipped
+from kdtree.orchestrator.git import (
+    GitError, IndexSnapshot, branch, describe_commit_failure, git_text, head_commit, in_progress_operation,
+    run_git,
+)
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.provenance import find_commit
@@ -113,14 +116,38 @@ def _fill_commit(plan: Plan, store: ResultStore, st: PhaseStatus, rec: RunRecord
     return found
 
 
-def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: bool):
+def cited_runs(plan: Plan, store: ResultStore) -> list[RunRecord]:
+    """Every run the rendered plan (and so the changelog, which names deciding runs) cites: per
+    phase, the deciding run, the latest full run on each device, and a newer partial run."""
+    cited: dict[str, RunRecord] = {}
+    for phase in plan.phases:
+        records = store.records(phase.id)
+        rows = latest_by_device(records)
+        decider = deciding_run(records)
+        if decider is not None:
+            rows.append(decider)
+        if records and records[-1].partial:
+            rows.append(records[-1])
+        for r in rows:
+            cited[f"{r.phase}/{r.run_id}"] = r
+    return list(cited.values())
+
+
+def _plots(rec: RunRecord) -> list[str]:
+    return [p for r in rec.results for p in (r.details.get("plots") or [])
+            if isinstance(r.details, dict) and isinstance(p, str)]
+
+
+def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: bool,
+                store: ResultStore):
     results_dir = plan.spec.results_dir.rstrip("/")
-    plots = [p for r in rec.results for p in (r.details.get("plots") or [])
-             if isinstance(r.details, dict) and isinstance(p, str)]
+    cited = cited_runs(plan, store) + [rec]
+    records = [f"{results_dir}/{r.phase}/{r.run_id}.json" for r in cited]
+    plots = [p for r in cited for p in _plots(r)]
     return select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
                   changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
                   lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
-                  plots=plots, include_untracked=include_untracked)
+                  plots=plots + records, include_untracked=include_untracked)
 
 
 def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = False,
@@ -130,14 +157,17 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
     if not plan.is_git:
         raise Refusal(f"{plan.root} is not a git repository; a checkpoint needs one")
     require_own_sources(plan.root, [p.module for p in plan.phases])
-    repo = open_repo(plan.root)
-    op = in_progress_operation(repo)
+    op = in_progress_operation(plan.root)
     if op:
         raise Refusal(f"the repository is in the middle of {op}; finish or abort it, then checkpoint")
     store = ResultStore(plan.results_path)
     statuses = plan_status(plan, store)
     st = _reported(statuses, phase_id, plan)
     rec = st.newest
+    if rec.inputs_changed_during_run:
+        raise Refusal(f"run {rec.run_id} of {st.phase.id} cannot be checkpointed: "
+                      f"{changed_during_run(rec)}. Run `orchestrate run {st.phase.id}` again without "
+                      "editing its inputs meanwhile")
     reasons = stale_reasons(rec, st.spec_hash, st.inputs_hash)
     if reasons:
         raise Refusal(f"run {rec.run_id} of {st.phase.id} is stale against the working tree: "
@@ -152,7 +182,7 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
                       f"({peer.state.value}). Pass --allow-incomplete to checkpoint the incomplete "
                       f"run anyway, or delete {store.path_of(rec)}")
     if commit:
-        _commit_set(plan, st, rec, include_untracked)  # refuses before anything is written
+        _commit_set(plan, st, rec, include_untracked, store)  # refuses before anything is written
 
     filled = _fill_commit(plan, store, st, rec)
     if filled:
@@ -165,21 +195,37 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
     message = commit_message(st.phase.spec.title, rec, note, decider=st.record)
     result = CheckpointResult(phase=st.phase.id, run_id=rec.run_id, plan_changed=plan_changed,
                               changelog_lines=lines, message=message,
-                              detached=repo.head.is_detached, filled_commit=filled)
+                              detached=branch(plan.root) is None, filled_commit=filled)
     if not commit:
         return result
 
-    chosen = _commit_set(plan, st, rec, include_untracked)
+    chosen = _commit_set(plan, st, rec, include_untracked, store)
     result.left_out = chosen.left_out
-    stage(plan.root, chosen.to_add)
-    has_head = repo.head.is_valid()
-    staged = repo.git.diff("--cached", "--name-only") if has_head else repo.git.ls_files("--cached")
-    if not staged.strip():
-        result.nothing_to_commit = True
-        return result
-    repo.git.commit("-m", message)
-    sha = repo.head.commit.hexsha
+    index = IndexSnapshot(plan.root)
+    try:
+        stage(plan.root, chosen.to_add)
+        has_head = head_commit(plan.root) is not None
+        staged = (git_text(plan.root, "diff", "--cached", "--name-only") if has_head
+                  else git_text(plan.root, "ls-files", "--cached"))
+        if not staged.strip():
+            result.nothing_to_commit = True
+            return result
+        try:
+            run_git(plan.root, "commit", "-q", "-F", "-", stdin=message.encode("utf-8"))
+        except GitError as exc:
+            raise Refusal(describe_commit_failure(exc) + _kept(plan)) from None
+    except BaseException:
+        index.restore()
+        raise
+    sha = head_commit(plan.root)
     result.commit_sha = sha
-    rows = repo.git.diff_tree("--no-commit-id", "--name-status", "-r", "--root", sha)
+    rows = git_text(plan.root, "diff-tree", "--no-commit-id", "--name-status", "-r", "--root",
+                    "--relative", sha)
     result.files = [r for r in rows.splitlines() if r.strip()]
     return result
+
+
+def _kept(plan: Plan) -> str:
+    return (f". Nothing was committed and the index is as it was before the checkpoint; the "
+            f"rendered {plan.spec.markdown}, {plan.spec.changelog} and run records stay in the working "
+            "tree for the next `orchestrate checkpoint --commit`")

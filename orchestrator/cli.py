@@ -15,10 +15,11 @@ from typing import Optional
 
 import click
 
+from kdtree.cli_support import common_options
 from kdtree.orchestrator.errors import Refusal, RunInterrupted
 from kdtree.orchestrator.terminal import silence_stdout
 
-EXIT_NOT_PASSED, EXIT_REFUSED, EXIT_INCOMPLETE, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
+EXIT_NOT_PASSED, EXIT_REFUSED, EXIT_INCOMPLETE, EXIT_NOT_WRITTEN, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 4, 130, 141
 
 EXIT_CODES = """\b
 Exit codes:
@@ -28,6 +29,9 @@ Exit codes:
   2    refused: usage, plan order, stale run, bad spec, foreign sources, ...
        (the message says what to do); nothing was run
   3    a phase ran and is incomplete (gates skipped, e.g. no GPU here)
+  4    a phase ran but its record could not be written to the results
+       folder (disk full, read-only); it was saved elsewhere and the
+       message says where and how to bring it back
   130  interrupted (Ctrl-C); nothing was recorded
   141  the output pipe was closed (e.g. `orchestrate history phase1 | head`)"""
 
@@ -49,10 +53,27 @@ class Ctx:
             self._plan = load_plan(root.path, root.is_git)
         return self._plan
 
-    def lock(self):
-        from kdtree.orchestrator.lock import LOCK_NAME, RunLock  # noqa: PLC0415
+    def lock(self, wait: Optional[float] = None):
+        from kdtree.orchestrator.lock import RunLock, lock_path  # noqa: PLC0415
 
-        return RunLock(self.plan.results_path / LOCK_NAME, warn=lambda m: click.echo(m, err=True))
+        plan = self.plan
+        return RunLock(lock_path(plan.root, plan.results_path, plan.is_git), warn=lambda m: say(m, err=True),
+                       wait=wait)
+
+
+def wait_options(func):
+    """``--wait SECONDS`` / ``--no-wait``: how long to wait for another orchestrate's run lock."""
+    func = click.option("--no-wait", is_flag=True,
+                        help="Refuse at once (exit 2) if another orchestrate holds the run lock.")(func)
+    return click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                        help="Wait at most this long for another orchestrate's run lock "
+                             "(default: as long as it takes; the holder is named).")(func)
+
+
+def _wait_of(wait_s: Optional[float], no_wait: bool) -> Optional[float]:
+    if no_wait and wait_s is not None:
+        raise Refusal("give --wait SECONDS or --no-wait, not both")
+    return 0.0 if no_wait else wait_s
 
 
 def say(message: str = "", err: bool = False) -> None:
@@ -67,9 +88,11 @@ class _Group(click.Group):
     """Turns refusals, Ctrl-C and a closed output pipe into a message on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context):
+        from kdtree.orchestrator.preflight import RecordNotWritten  # noqa: PLC0415
+
         try:
             return super().invoke(ctx)
-        except (Refusal, RunInterrupted) as exc:
+        except (Refusal, RunInterrupted, RecordNotWritten) as exc:
             say(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -81,13 +104,43 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
-@click.option("--repo", metavar="ROOT", default=None,
-              help="Work on the repository whose root is ROOT (a folder with its own .git, or a "
-                   "copied tree outside any repository) instead of the one holding the current directory.")
+@click.option("--repo", metavar="FOLDER", default=None,
+              help="Work on the project in FOLDER (one whose pyproject.toml has [tool.orchestrate], "
+                   "a repository root, or a copied tree outside any repository) instead of the one "
+                   "found from the current directory.")
+@common_options
 @click.pass_context
 def cli(ctx: click.Context, repo: Optional[str]) -> None:
-    """Plan-driven phases with gated validation (see `orchestrate COMMAND --help`)."""
+    """Plan-driven phases with gated validation (see `orchestrate COMMAND --help`).
+
+    The plan is the one named by [tool.orchestrate] in the nearest pyproject.toml between the
+    current folder and the git repository's root (`orchestrate init` scaffolds one).
+    """
     ctx.obj = Ctx(repo)
+
+
+@cli.command()
+@click.option("--id", "plan_id", default="", help="The plan's id (default: the folder's name).")
+@click.option("--title", default="", help="The plan's title.")
+@click.option("--package", default="phases", show_default=True,
+              help="The folder (a Python package) that holds the phase modules.")
+@click.option("--phase", default="example", show_default=True, help="The first phase's id and module name.")
+@click.pass_obj
+def init(obj: Ctx, plan_id: str, title: str, package: str, phase: str) -> None:
+    """Scaffold a plan in this folder (or --repo FOLDER): [tool.orchestrate], a plan markdown
+    with its blocks, and one phase module with a metric gate, ready to `orchestrate run`."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from kdtree.orchestrator.scaffold import init_project  # noqa: PLC0415
+
+    folder = Path(obj.repo_arg).expanduser() if obj.repo_arg else Path.cwd()
+    if not folder.is_dir():
+        raise Refusal(f"--repo {obj.repo_arg}: no such directory")
+    done = init_project(folder.resolve(), plan_id, title, package, phase)
+    for rel in done.written:
+        say(f"wrote {rel}")
+    say(f"plan {done.plan_id} is ready. Next: `orchestrate run` (runs {phase}), `orchestrate status`, "
+        "then commit and `orchestrate checkpoint --commit`; docs/orchestrator-guide.md explains each part")
 
 
 @cli.command()
@@ -118,6 +171,7 @@ def status(obj: Ctx, as_json: bool) -> None:
                                       "decides": st.record is not None and r.run_id == st.record.run_id}
                                      for r in st.by_device],
                 "newer_partial_run": run_json(st.partial, st.phase.spec),
+                "not_deciding": st.not_deciding,
             } for st in statuses]}, indent=2))
         return
     from kdtree.orchestrator.display import print_status  # noqa: PLC0415
@@ -141,33 +195,34 @@ def _warn_foreign_sources(plan) -> None:
 def _check_plan_markdown(plan) -> None:
     """Refuse before any gate runs if the plan markdown is missing or its blocks are damaged."""
     from kdtree.orchestrator.markers import check_names, find_blocks  # noqa: PLC0415
-    from kdtree.orchestrator.plan import DEFAULT_PLAN  # noqa: PLC0415
     from kdtree.orchestrator.render import block_names  # noqa: PLC0415
+    from kdtree.orchestrator.textfile import read_text  # noqa: PLC0415
 
-    if not plan.markdown_path.is_file():
-        where = ("the default plan's `markdown`" if plan.spec is DEFAULT_PLAN
-                 else "`markdown` in [tool.orchestrate] of pyproject.toml")
+    what = f"the plan markdown {plan.spec.markdown} (`markdown` in [tool.orchestrate] of pyproject.toml)"
+    if not plan.markdown_path.exists() and not plan.markdown_path.is_dir():
         blocks = ", ".join(block_names(plan))
-        raise Refusal(f"the plan markdown {plan.spec.markdown} ({where}) does not exist in "
-                      f"{plan.root}; fix the path, or create the file with the blocks {blocks} "
-                      "(`<!-- orchestrate:begin NAME -->` / `<!-- orchestrate:end NAME -->`). "
-                      "No gate was run")
-    with open(plan.markdown_path, encoding="utf-8", newline="") as fh:
-        found = find_blocks(fh.read(), plan.spec.markdown)
+        raise Refusal(f"{what} does not exist in {plan.root}; fix the path, or create the file with "
+                      f"the blocks {blocks} (`<!-- orchestrate:begin NAME -->` / "
+                      "`<!-- orchestrate:end NAME -->`). No gate was run")
+    found = find_blocks(read_text(plan.markdown_path, what), plan.spec.markdown)
     check_names(found, block_names(plan), plan.spec.markdown)
 
 
 def _render_after_run(plan, record) -> None:
-    from kdtree.orchestrator.markers import MarkerError  # noqa: PLC0415
+    """Re-render the plan after a recorded run; a failure is a warning (the run is recorded)."""
     from kdtree.orchestrator.render import write_plan  # noqa: PLC0415
 
-    if not plan.markdown_path.exists():
-        say(f"warning: the plan markdown {plan.spec.markdown} was removed during the run; not rendered", err=True)
-        return
+    later = f"fix it, then render the plan with `orchestrate plan`"
     try:
         changed = write_plan(plan)
-    except MarkerError as exc:
-        raise Refusal(f"run {record.run_id} was recorded, but the plan was not rendered: {exc}") from None
+    except Refusal as exc:
+        say(f"warning: run {record.run_id} was recorded, but the plan was not rendered: {exc}; {later}",
+            err=True)
+        return
+    except OSError as exc:
+        say(f"warning: run {record.run_id} was recorded, but the plan {plan.spec.markdown} could not "
+            f"be written ({exc.strerror or exc}); {later}", err=True)
+        return
     if changed:
         say(f"rendered {plan.spec.markdown}")
 
@@ -199,8 +254,10 @@ def _print_checkpoint(res) -> None:
               help="Run only this gate (repeatable). The run is recorded as partial and does not decide the phase's state.")
 @click.option("--commit", is_flag=True, help="Make a checkpoint commit after the run.")
 @click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (the run records what it overrode).")
+@wait_options
 @click.pass_obj
-def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool) -> None:
+def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool,
+        wait_s: Optional[float], no_wait: bool) -> None:
     """Run PHASE's gates, record the run and re-render the plan.
 
     Without PHASE: run from the first phase that is not passed-and-fresh, in order, stopping at
@@ -215,9 +272,10 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
     if commit and gates:
         raise Refusal("--commit needs a full run: a checkpoint reports the phase's latest full run; "
                       "drop --gate, or run `orchestrate checkpoint --commit` later")
+    wait = _wait_of(wait_s, no_wait)
     plan = obj.plan
     _check_plan_markdown(plan)
-    with obj.lock():
+    with obj.lock(wait):
         if phase is not None:
             plan.phase(phase)
             todo = [phase]
@@ -242,7 +300,10 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
                 f"gates passed); {what} {record.run_id} recorded"
                 + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
             if record.inputs_changed_during_run:
-                say(f"warning: {phase_id}'s input files changed during the run; it is stale", err=True)
+                from kdtree.orchestrator.evidence import changed_during_run  # noqa: PLC0415
+
+                say(f"warning: {phase_id}: {changed_during_run(record)}; the run names no commit and "
+                    "does not decide the phase's state", err=True)
             _render_after_run(plan, record)
             if commit:
                 from kdtree.orchestrator.checkpoint import checkpoint  # noqa: PLC0415
@@ -264,9 +325,10 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
               help="Also commit untracked files (listed otherwise; untracked inputs of the run are refused without it).")
 @click.option("--allow-incomplete", is_flag=True,
               help="Checkpoint a run that skipped gates although a complete run of the same inputs exists.")
+@wait_options
 @click.pass_obj
 def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str],
-               include_untracked: bool, allow_incomplete: bool) -> None:
+               include_untracked: bool, allow_incomplete: bool, wait_s: Optional[float], no_wait: bool) -> None:
     """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit.
 
     The commit holds the plan, the run records, the changelog and the phase's changed input
@@ -275,8 +337,9 @@ def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[s
     """
     from kdtree.orchestrator.checkpoint import checkpoint as do_checkpoint  # noqa: PLC0415
 
+    wait = _wait_of(wait_s, no_wait)
     plan = obj.plan
-    with obj.lock():
+    with obj.lock(wait):
         res = do_checkpoint(plan, phase, commit=commit, note=message,
                             include_untracked=include_untracked, allow_incomplete=allow_incomplete)
     _print_checkpoint(res)
@@ -369,8 +432,19 @@ def plan(obj: Ctx, check: bool) -> None:
     say(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
 
 
+def _reopen_closed_streams() -> None:
+    """A stream closed by the shell (``orchestrate status >&-``) is None in Python: write to
+    /dev/null instead, so the command still does its work and exits with its own code."""
+    import os  # noqa: PLC0415
+
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point (``orchestrate``, ``python -m kdtree.orchestrator``)."""
+    _reopen_closed_streams()
     try:
         try:
             cli.main(args=argv, prog_name="orchestrate")

@@ -5,6 +5,8 @@ A checkpoint commits
 - the plan markdown and the changelog (it writes them),
 - the reported phase's results folder: the run records in it, the plots the reported run links,
   and changes to files already tracked there (the figures its gates wrote),
+- every other run record (and its plots) that the rendered plan and changelog cite, so that
+  ``plan --check`` and ``status`` agree at the checkpoint commit (``plots`` lists them all),
 - tracked changes to the phase's input files: the checkpoint refuses a stale run, so these are
   exactly the files the recorded inputs hash covers.
 
@@ -17,12 +19,13 @@ left out and listed, and ``--include-untracked`` adds them too. The run lock is 
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.git import git_text, nul_list, run_git
 from kdtree.orchestrator.inputs import glob_regex
+from kdtree.orchestrator.lock import HOLDER_SUFFIX
 from kdtree.orchestrator.store import RUN_ID_RE
 
 
@@ -40,14 +43,23 @@ class CommitSet:
             self.to_add.append(path)
 
 
+OUTSIDE = "../"  # how `working_tree_changes` marks a path outside the plan's folder
+
+
 def working_tree_changes(root: Path) -> list[tuple[str, str]]:
-    """(status XY, path) for every changed, staged or untracked (not ignored) file."""
-    out = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--no-renames",
-                          "--untracked-files=all"], cwd=root, capture_output=True, check=True).stdout
+    """(status XY, path) for every changed, staged or untracked (not ignored) file.
+
+    Paths are relative to ``root`` (a subproject's folder in a monorepo); a change outside it is
+    listed with its repository path behind `OUTSIDE`.
+    """
+    out = run_git(root, "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all")
+    prefix = git_text(root, "rev-parse", "--show-prefix")
     rows = []
-    for entry in out.decode("utf-8", "surrogateescape").split("\0"):
-        if entry:
-            rows.append((entry[:2], entry[3:]))
+    for entry in nul_list(out):
+        xy, path = entry[:2], entry[3:]
+        if prefix:
+            path = path[len(prefix):] if path.startswith(prefix) else OUTSIDE + path
+        rows.append((xy, path))
     return rows
 
 
@@ -59,15 +71,20 @@ def select(changes: list[tuple[str, str]], *, plan_md: str, changelog: str, phas
            lock: str, input_globs: list[str], plots: list[str], include_untracked: bool) -> CommitSet:
     """Classify ``changes`` (see module docstring); a Refusal naming what is in the way."""
     regexes = [glob_regex(g) for g in input_globs]
+    cited = set(plots)
     chosen = CommitSet()
     foreign_tracked: list[str] = []
     untracked_inputs: list[str] = []
     untracked_other: list[str] = []
     status = dict((path, xy) for xy, path in changes)
     for xy, path in changes:
-        if path == lock:
+        if path == lock or path == lock + HOLDER_SUFFIX:
             continue
         untracked = xy == "??"
+        if path.startswith(OUTSIDE):
+            if not untracked and xy[0] not in " ?":
+                foreign_tracked.append(path[len(OUTSIDE):])  # staged: the commit would take it
+            continue  # not staged: outside the plan's folder, the commit never touches it
         if path in (plan_md, changelog):
             chosen.take(xy, path)
         elif _under(path, phase_dir):
@@ -77,6 +94,8 @@ def select(changes: list[tuple[str, str]], *, plan_md: str, changelog: str, phas
                 chosen.take(xy, path)
             else:
                 untracked_other.append(path)
+        elif path in cited:  # a record (or its plot) of another phase that the plan cites
+            chosen.take(xy, path)
         elif any(r.match(path) for r in regexes):
             if untracked:
                 untracked_inputs.append(path)
@@ -110,5 +129,5 @@ def stage(root: Path, paths: list[str]) -> None:
     if not paths:
         return
     spec = b"\0".join(p.encode("utf-8", "surrogateescape") for p in paths) + b"\0"
-    subprocess.run(["git", "--literal-pathspecs", "add", "-A", "--pathspec-from-file=-",
-                    "--pathspec-file-nul"], cwd=root, input=spec, capture_output=True, check=True)
+    run_git(root, "--literal-pathspecs", "add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul",
+            stdin=spec)

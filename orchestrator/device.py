@@ -1,5 +1,7 @@
-"""Device and version facts for a run record. Only `run` calls this: it may import torch.
+"""Device and version facts for a run record.
 
+torch is imported only when a phase asks for a CUDA device (a gate requires ``cuda`` or
+``sm>=NN``, or ``--device cuda``): a CPU-only plan never pays for it, nor needs it installed.
 The orchestrator knows nothing of GPUs beyond recording these facts.
 """
 
@@ -59,9 +61,10 @@ def nvcc_version() -> Optional[str]:
     return m.group(1) if m else None
 
 
-def resolve_device(request: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one is refused."""
-    if request == "cpu":
+def resolve_device(request: str, wants_cuda: bool = True) -> str:
+    """``auto`` -> ``cuda`` when the phase wants CUDA (``wants_cuda``) and torch sees a GPU, else
+    ``cpu``; ``cuda`` without one is refused. torch is imported only when CUDA is wanted."""
+    if request == "cpu" or (request == "auto" and not wants_cuda):
         return "cpu"
     torch = _torch()
     has_cuda = bool(torch is not None and torch.cuda.is_available())
@@ -85,14 +88,22 @@ def device_info(device: str) -> DeviceInfo:
                       compute_capability=f"{major}.{minor}", driver=driver, host=host)
 
 
-def versions() -> Versions:
-    """Python, kdtree, torch (+ its CUDA), triton and nvcc versions; triton is not imported."""
-    torch = sys.modules.get("torch")
-    return Versions(
-        python=platform.python_version(),
-        kdtree=_dist_version("kdtree-engine"),
-        torch=getattr(torch, "__version__", None) or _dist_version("torch"),
-        cuda=getattr(getattr(torch, "version", None), "cuda", None),
-        triton=_dist_version("triton") or _dist_version("pytorch-triton"),
-        nvcc=nvcc_version(),
-    )
+def versions(declared: tuple[str, ...] | list[str] = ()) -> Versions:
+    """Python, the orchestrator, and what ``declared`` names (`PhaseSpec.versions`): ``torch``
+    (with its CUDA runtime, when torch is already imported), ``triton``, ``nvcc``, or any
+    distribution. Nothing is imported: versions come from package metadata."""
+    fixed: dict = {}
+    packages: dict = {}
+    for name in declared:
+        if name == "torch":
+            torch = sys.modules.get("torch")
+            fixed["torch"] = getattr(torch, "__version__", None) or _dist_version("torch")
+            fixed["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
+        elif name == "triton":
+            fixed["triton"] = _dist_version("triton") or _dist_version("pytorch-triton")
+        elif name == "nvcc":
+            fixed["nvcc"] = nvcc_version()
+        else:
+            packages[name] = _dist_version(name)
+    return Versions(python=platform.python_version(), kdtree=_dist_version("kdtree-engine"),
+                    packages=packages, **fixed)

@@ -107,6 +107,8 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
         out.print(head)
         for reason in st.stale_reasons:
             out.print(f"    [magenta]stale:[/magenta] {_esc(reason)}")
+        for note in st.not_deciding:
+            out.print(f"    [yellow]ignored:[/yellow] {_esc(note)}")
         _gate_rows(out, rec, spec)
         _device_rows(out, st)
         if st.partial is not None:

@@ -30,9 +30,19 @@ def full_runs(records: list[RunRecord]) -> list[RunRecord]:
     return [r for r in records if not r.partial]
 
 
+def changed_during_run(record: RunRecord) -> str:
+    """Why a run whose inputs changed while it ran cannot decide ("" when they did not)."""
+    if not record.inputs_changed_during_run:
+        return ""
+    files = record.inputs_changed
+    named = f" ({', '.join(files[:5])}{' and more' if len(files) > 5 else ''})" if files else ""
+    return (f"its input files changed while its gates ran{named}, so it did not test one tree "
+            "(an edit reverted before the end counts)")
+
+
 def deciding_run(records: list[RunRecord]) -> Optional[RunRecord]:
     """The run that decides the phase's state (see module docstring); None without a full run."""
-    full = full_runs(records)
+    full = [r for r in full_runs(records) if not r.inputs_changed_during_run]
     if not full:
         return None
     peers = [r for r in full if same_code(r, full[-1])]
@@ -57,12 +67,15 @@ def complete_peer(record: RunRecord, records: list[RunRecord]) -> Optional[RunRe
     """The newest full run of ``record``'s code and spec that skipped no gate, if ``record`` skipped any."""
     if not skipped(record):
         return None
-    peers = [r for r in full_runs(records) if same_code(r, record) and not skipped(r)]
+    peers = [r for r in full_runs(records) if same_code(r, record) and not skipped(r)
+             and not r.inputs_changed_during_run]
     return peers[-1] if peers else None
 
 
 def why_not_deciding(record: RunRecord, decider: RunRecord) -> str:
     """Why ``record`` does not decide the state while ``decider`` does (for the listings)."""
+    if record.inputs_changed_during_run:
+        return changed_during_run(record)
     if same_code(record, decider) and skipped(record) > skipped(decider):
         return (f"it skipped {skipped(record)} gate(s) that run {decider.run_id} ran on the same "
                 "inputs")

@@ -10,9 +10,12 @@ from pathlib import Path
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory, fsync and os.replace.
 
-    An existing file's permission bits are kept; a new file gets the umask's default.
+    An existing file's permission bits are kept; a new file gets the umask's default. A symlink
+    is written through: its target gets the new content, the link stays a link.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = path.stat().st_mode & 0o7777

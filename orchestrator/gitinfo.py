@@ -1,22 +1,27 @@
-"""Git facts and operations (gitpython, imported lazily so `status` never pays for it)."""
+"""Git facts a run record holds: the commit that holds the run's inputs, HEAD, branch, dirty."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
-from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.git import branch, head_commit, nul_list, try_git
 from kdtree.orchestrator.specs import GitInfo
 
 
-def open_repo(root: Path):
-    """The gitpython Repo at ``root``; a Refusal when there is none."""
-    import git  # noqa: PLC0415
-
-    try:
-        return git.Repo(root, search_parent_directories=False)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise Refusal(f"{root} is not a git repository; run inside one or pass --repo PATH") from None
+def is_dirty(root: Path, ignore: tuple[str, ...] = ()) -> bool:
+    """Whether the working tree (below ``root``) differs from HEAD; untracked files count,
+    ``ignore`` paths (relative to ``root``) do not."""
+    out = try_git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
+                  "--", ".")
+    if out is None:
+        return False
+    prefix = (try_git(root, "rev-parse", "--show-prefix") or b"").decode().strip()
+    for entry in nul_list(out):
+        path = entry[3:]
+        rel = path[len(prefix):] if prefix and path.startswith(prefix) else path
+        if rel not in ignore:
+            return True
+    return False
 
 
 def git_info(root: Path, is_git: bool, inputs: tuple[list[str], str], ignore: tuple[str, ...] = ()) -> GitInfo:
@@ -30,28 +35,8 @@ def git_info(root: Path, is_git: bool, inputs: tuple[list[str], str], ignore: tu
         return GitInfo()
     from kdtree.orchestrator.provenance import commit_inputs_hash  # noqa: PLC0415
 
-    repo = open_repo(root)
-    try:
-        head: Optional[str] = repo.head.commit.hexsha
-    except ValueError:  # no commit yet
-        head = None
-    branch = None if repo.head.is_detached else repo.active_branch.name
-    dirty = repo.is_dirty(untracked_files=False) or any(f not in ignore for f in repo.untracked_files)
+    head = head_commit(root)
     globs, inputs_hash = inputs
     matches = head is not None and commit_inputs_hash(root, head, globs) == inputs_hash
-    return GitInfo(sha=head if matches else None, dirty=dirty, branch=branch, head=head,
-                   sha_source="head" if matches else None)
-
-
-def in_progress_operation(repo) -> Optional[str]:
-    """'a merge' / 'a rebase' / 'a cherry-pick' when the repository is in the middle of one."""
-    gitdir = Path(repo.git_dir)
-    if (gitdir / "MERGE_HEAD").exists():
-        return "a merge"
-    if (gitdir / "rebase-merge").exists() or (gitdir / "rebase-apply").exists():
-        return "a rebase"
-    if (gitdir / "CHERRY_PICK_HEAD").exists():
-        return "a cherry-pick"
-    if (gitdir / "REVERT_HEAD").exists():
-        return "a revert"
-    return None
+    return GitInfo(sha=head if matches else None, dirty=is_dirty(root, ignore), branch=branch(root),
+                   head=head, sha_source="head" if matches else None)

@@ -5,6 +5,11 @@ ignored: ``git ls-files -co --exclude-standard``), so a build product or cache n
 stale, and a checkpoint commit holds exactly the files that were hashed. In a folder that is not
 a git repository every file is a candidate except `_JUNK` (caches, build outputs, .git).
 
+A run observes its inputs twice (`InputsIndex.observe`): at its start and at its end, each
+time their content hash and every file's metadata (size, mtime_ns, ctime_ns, inode). Any
+difference means the files changed while the gates ran, even when an edit was reverted before
+the end (the content hash alone would not see it; the ctime does, since no write leaves it).
+
 Globs are relative to the repo root: ``*`` and ``?`` stay within one path segment, ``**`` spans
 any number of segments (``kernels/csrc/**`` is everything below ``kernels/csrc``).
 """
@@ -14,10 +19,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
+
+from kdtree.orchestrator.git import GitError, nul_list, run_git
 
 _JUNK_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", ".kdtree-cache"}
 _JUNK_SUFFIXES = (".pyc", ".pyo", ".so", ".o", ".tmp", ".lock")
@@ -61,11 +67,9 @@ def candidate_files(root: Path, is_git: bool) -> list[str]:
     """Repo-relative POSIX paths of the files that may be inputs (see module docstring)."""
     if is_git:
         try:
-            out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root,
-                                 capture_output=True, check=True).stdout
-            paths = {p for p in out.decode("utf-8", "surrogateescape").split("\0") if p}
+            paths = set(nul_list(run_git(root, "ls-files", "-z", "-co", "--exclude-standard")))
             return sorted(p for p in paths if (root / p).is_file())
-        except (OSError, subprocess.CalledProcessError):
+        except GitError:
             pass  # no git binary: fall back to walking
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -95,8 +99,7 @@ def hash_files(root: Path, paths: list[str]) -> str:
 
 
 def _git_names(root: Path, *args: str) -> list[str]:
-    out = subprocess.run(["git", *args], cwd=root, capture_output=True, check=True).stdout
-    return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
+    return nul_list(run_git(root, *args))
 
 
 def changed_since(root: Path, commit: str, globs: list[str], current: list[str]) -> Optional[list[str]]:
@@ -105,11 +108,49 @@ def changed_since(root: Path, commit: str, globs: list[str], current: list[str])
     None when git cannot say (no git binary, a commit this clone does not have)."""
     try:
         then = set(match_inputs(_git_names(root, "ls-tree", "-r", "-z", "--name-only", commit), globs))
-        edited = set(match_inputs(_git_names(root, "diff", "--name-only", "-z", commit, "--"), globs))
-    except (OSError, subprocess.CalledProcessError):
+        edited = set(match_inputs(_git_names(root, "diff", "--relative", "--name-only", "-z", commit, "--"),
+                                  globs))
+    except GitError:
         return None
     now = set(current)
     return sorted((edited & (then | now)) | (then ^ now))
+
+
+Stamp = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
+
+
+def stamps(root: Path, paths: list[str]) -> dict[str, Optional[Stamp]]:
+    """Each file's (size, mtime_ns, ctime_ns, inode); None for a file that cannot be stat'ed."""
+    out: dict[str, Optional[Stamp]] = {}
+    for rel in paths:
+        try:
+            st = os.stat(root / rel)
+        except OSError:
+            out[rel] = None
+            continue
+        out[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return out
+
+
+class Observation:
+    """A phase's inputs as seen at one moment: their hash, count and per-file stamps."""
+
+    def __init__(self, inputs_hash: str, stamps: dict[str, Optional[Stamp]]):
+        self.inputs_hash, self.stamps = inputs_hash, stamps
+
+    @property
+    def files(self) -> int:
+        return len(self.stamps)
+
+    def changed_since(self, earlier: "Observation") -> list[str]:
+        """The files added, removed, or whose content or metadata differ from ``earlier``'s
+        (every file, when only the hash tells: that cannot happen without a stamp changing)."""
+        names = sorted(set(self.stamps) | set(earlier.stamps))
+        changed = [n for n in names if self.stamps.get(n) != earlier.stamps.get(n)
+                   or self.stamps.get(n) is None]
+        if not changed and self.inputs_hash != earlier.inputs_hash:
+            changed = names
+        return changed
 
 
 class InputsIndex:
@@ -125,6 +166,15 @@ class InputsIndex:
     def changed_since(self, commit: str, globs: list[str]) -> Optional[list[str]]:
         """`changed_since` for this tree (None outside a git repository)."""
         return changed_since(self.root, commit, globs, self.inputs_of(globs)) if self.is_git else None
+
+    def observe(self, globs: list[str]) -> Observation:
+        """The inputs' hash and stamps now: stamps before and after hashing, so a write while
+        hashing shows as a change too."""
+        paths = self.inputs_of(globs)
+        before = stamps(self.root, paths)
+        digest = hash_files(self.root, paths)
+        after = stamps(self.root, paths)
+        return Observation(digest, {p: (after[p] if before[p] == after[p] else None) for p in paths})
 
     def hash_of(self, globs: list[str]) -> tuple[str, int]:
         """(inputs hash, number of files) for a phase's input globs."""

@@ -1,7 +1,8 @@
 """Orchestrator-owned blocks in a markdown file, and replacing them without touching the rest.
 
 A block is the lines between ``<!-- orchestrate:begin NAME -->`` and ``<!-- orchestrate:end NAME -->``
-(each marker alone on its line). Everything outside the blocks, the marker lines included, is
+(each marker alone on its line). Inside a fenced code block (```` ``` ```` or ``~~~``, CommonMark
+rules) a marker is text: a plan may show how its markers look. Everything outside the blocks, the marker lines included, is
 kept byte for byte. A malformed, unknown, duplicated, unmatched or unterminated marker, or a
 missing block, is a `MarkerError` naming the line; the file is then never rewritten.
 """
@@ -17,6 +18,7 @@ from kdtree.orchestrator.errors import Refusal
 _MARKER = re.compile(r"^[ \t]*<!--[ \t]*orchestrate:(begin|end)[ \t]+([A-Za-z0-9_.\-]+)[ \t]*-->[ \t]*$")
 # A marker damaged at either end: "<!-- orchestrate:..." without "-->", or "orchestrate:end X -->"
 # without "<!--". Prose that merely mentions `orchestrate:begin` is not a marker.
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _LOOKS_LIKE = re.compile(r"<!--\s*orchestrate:|orchestrate:(begin|end)[ \t]+[A-Za-z0-9_.\-]+[ \t]*-->")
 
 
@@ -45,8 +47,17 @@ def find_blocks(text: str, where: str = "plan") -> list[Block]:
     blocks: list[Block] = []
     open_name, open_line = None, -1
     seen: dict[str, int] = {}
+    fence = ""  # the open code fence ("```", "~~~~", ...), empty outside one
     for i, raw in enumerate(split_lines(text)):
         line = raw.rstrip("\r\n")
+        f = _FENCE.match(line)
+        if fence:
+            if f and f.group(1)[0] == fence[0] and len(f.group(1)) >= len(fence) and not f.group(2).strip():
+                fence = ""
+            continue
+        if f and not (f.group(1)[0] == "`" and "`" in f.group(2)):
+            fence = f.group(1)
+            continue
         if not _LOOKS_LIKE.search(line):
             continue
         m = _MARKER.match(line)

@@ -1,6 +1,6 @@
-"""Which plan a repository follows, and loading its phase modules.
+"""Which plan a project follows, and loading its phase modules.
 
-A repository names its plan in its ``pyproject.toml``, the way pytest or ruff are configured::
+A project names its plan in its ``pyproject.toml``, the way pytest or ruff are configured::
 
     [tool.orchestrate]
     id = "0002-sm120-verify-kernel-defrag"
@@ -9,18 +9,28 @@ A repository names its plan in its ``pyproject.toml``, the way pytest or ruff ar
     phases = ["kdtree.phases.phase1_kernel", "kdtree.phases.phase2_backend", ...]
     # results_dir = "plans/results", changelog = "CHANGELOG.md" (the defaults)
 
-The table is a `PlanSpec` (unknown keys are errors). ``phases`` are import paths, imported with
-the repo root first on ``sys.path``, so a repository may keep its own phase modules next to the
-code. A repository without the table follows `DEFAULT_PLAN`, kdtree-engine's own plan.
+The table is a `PlanSpec` (unknown keys are errors); every path in it is relative to the folder
+of that ``pyproject.toml`` (the project root; `kdtree.orchestrator.repo` finds it). A project
+without the table has no plan: `read_plan_spec` refuses and names ``orchestrate init``.
 
-Each phase module exports ``SPEC`` (a `PhaseSpec`, or a dict validated into one) and optionally
-``CHECKS``: gate name -> ``check(spec, ctx) -> GateResult``. A gate with no check reports
-``not-implemented``.
+**How a phase is found** (the loader's whole interface): each entry of ``phases`` is an import
+path, imported with `importlib.import_module` with the project root first on ``sys.path`` (so a
+project's own modules win over any installed copy). The module, or package, exports
+
+- ``SPEC``: a `PhaseSpec` (or a dict validated into one), and optionally
+- ``CHECKS``: gate name -> ``check(spec, ctx) -> GateResult``; a gate with no check reports
+  ``not-implemented``.
+
+Nothing else of the module is used, so a phase may be a module or a package whose
+``__init__`` exports the two names. A module that fails to import (a SyntaxError, any
+exception, a bad SPEC, an unknown requirement) is refused at load with its file and line (exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -32,17 +42,16 @@ from pydantic import ValidationError
 from kdtree.orchestrator.errors import PlanLoadError, Refusal
 from kdtree.orchestrator.specs import PhaseSpec, PlanSpec
 
-DEFAULT_PLAN = PlanSpec(
-    id="0002-sm120-verify-kernel-defrag",
-    title="An owned MLA tree-verify kernel for sm_120, its backend, graph capture and KV defrag",
-    markdown="plans/0002-sm120-verify-kernel-defrag.md",
-    phases=[
-        "kdtree.phases.phase1_kernel",
-        "kdtree.phases.phase2_backend",
-        "kdtree.phases.phase3_graph",
-        "kdtree.phases.phase4_defrag",
-    ],
-)
+CONFIG_TABLE = re.compile(r"^[ \t]*\[[ \t]*tool[ \t]*\.[ \t]*orchestrate[ \t]*\]", re.M)
+
+
+def has_plan_config(folder: Path) -> bool:
+    """Whether ``folder/pyproject.toml`` has a ``[tool.orchestrate]`` table."""
+    try:
+        text = (folder / "pyproject.toml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return bool(CONFIG_TABLE.search(text))
 
 
 @dataclass(frozen=True)
@@ -106,23 +115,26 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
 
 
 def read_plan_spec(root: Path) -> PlanSpec:
-    """The repository's `PlanSpec` from ``pyproject.toml`` [tool.orchestrate], else `DEFAULT_PLAN`."""
+    """The project's `PlanSpec` from ``root/pyproject.toml`` [tool.orchestrate]; a `PlanLoadError`
+    naming ``orchestrate init`` when there is none."""
     pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
-        return DEFAULT_PLAN
-    text = pyproject.read_text(encoding="utf-8")
-    if "[tool.orchestrate]" not in text:
-        return DEFAULT_PLAN  # skip the TOML parse: most pyprojects have no such table
-    try:
-        import tomllib  # noqa: PLC0415
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415
-    try:
-        table = tomllib.loads(text).get("tool", {}).get("orchestrate")
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanLoadError(f"{pyproject}: not valid TOML: {exc}") from None
+    table = None
+    if has_plan_config(root):
+        try:
+            import tomllib  # noqa: PLC0415
+        except ImportError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415
+        try:
+            table = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("orchestrate")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise PlanLoadError(f"{pyproject}: not valid TOML: {exc}") from None
     if table is None:
-        return DEFAULT_PLAN
+        where = pyproject if pyproject.is_file() else f"{root} (it has no pyproject.toml)"
+        raise PlanLoadError(f"no plan here: {where} has no [tool.orchestrate] table, and no "
+                            "pyproject.toml between the current folder and the repository root has "
+                            "one. Run `orchestrate init` in the project's folder to scaffold a plan "
+                            "(the table, a plan markdown and a first phase module), or pass --repo "
+                            "FOLDER of a project that has one")
     try:
         return PlanSpec.model_validate(table)
     except ValidationError as exc:
@@ -141,14 +153,41 @@ def _spec_error_at_import(module_name: str, exc: ValidationError) -> PlanLoadErr
                          + format_validation_error(exc, exc.title))
 
 
+def _module_file(module_name: str) -> Optional[str]:
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _import_error(module_name: str, exc: BaseException) -> PlanLoadError:
+    """A phase module that raised while importing: its file and line, and the error."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename}:{exc.lineno}"
+        return PlanLoadError(f"phase module {module_name} cannot be imported: {where}: "
+                             f"{type(exc).__name__}: {exc.msg}"
+                             + (f"\n    {exc.text.strip()}" if exc.text else ""))
+    frames = traceback.extract_tb(exc.__traceback__)
+    origin = _module_file(module_name)
+    ours = [f for f in frames if origin and f.filename == origin]
+    skip = ("<frozen", "importlib")
+    frame = (ours or [f for f in frames if not any(k in f.filename for k in skip)] or frames or [None])[-1]
+    where = f"{frame.filename}:{frame.lineno}: " if frame is not None else ""
+    if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+        return PlanLoadError(f"phase module {module_name} cannot be imported: {exc} (check `phases` "
+                             "in [tool.orchestrate]: each is an import path, found from the project root)")
+    return PlanLoadError(f"phase module {module_name} cannot be imported: {where}{type(exc).__name__}: {exc}")
+
+
 def load_phase(module_name: str) -> Phase:
-    """Import a phase module and validate its SPEC and CHECKS."""
+    """Import a phase module and validate its SPEC and CHECKS (see the module docstring)."""
     try:
         module = importlib.import_module(module_name)
     except ValidationError as exc:
         raise _spec_error_at_import(module_name, exc) from None
-    except ImportError as exc:
-        raise PlanLoadError(f"phase module {module_name} cannot be imported: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the module's, with its line
+        raise _import_error(module_name, exc) from None
     spec = getattr(module, "SPEC", None)
     if spec is None:
         raise PlanLoadError(f"phase module {module_name} exports no SPEC (a PhaseSpec)")

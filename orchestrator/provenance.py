@@ -14,26 +14,22 @@ so such a run's commit stays unknown (never wrong).
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 from typing import Optional
 
+from kdtree.orchestrator.git import head_commit, try_git
 from kdtree.orchestrator.inputs import match_inputs
 
 SEARCH_DEPTH = 200  # commits of HEAD's history a checkpoint looks through
 
 
-def _git(root: Path, *args: str, stdin: Optional[bytes] = None) -> Optional[bytes]:
-    try:
-        out = subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout
+_git = try_git
 
 
 def _tree_blobs(root: Path, commit: str) -> Optional[dict[str, str]]:
-    """path -> blob id of every file in ``commit``'s tree (None: no such commit)."""
-    out = _git(root, "ls-tree", "-r", "-z", "--full-tree", commit)
+    """path -> blob id of every file in ``commit``'s tree below ``root`` (paths relative to
+    ``root``, which may be a subproject's folder; None: no such commit)."""
+    out = _git(root, "ls-tree", "-r", "-z", commit)
     if out is None:
         return None
     blobs = {}
@@ -96,8 +92,7 @@ def commit_inputs_hash(root: Path, commit: str, globs: list[str],
 
 
 def head_sha(root: Path) -> Optional[str]:
-    out = _git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}")
-    return out.decode().strip() if out else None
+    return head_commit(root)
 
 
 def find_commit(root: Path, globs: list[str], inputs_hash: str,

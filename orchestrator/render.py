@@ -20,6 +20,7 @@ from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.specs import RunRecord, TargetResult
 from kdtree.orchestrator.store import ResultStore
 from kdtree.orchestrator.targets import fmt_number
+from kdtree.orchestrator.textfile import read_text
 from kdtree.orchestrator.views import key_figure_text, plots_of, targets_view, when
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -92,8 +93,7 @@ def _phase_view(plan: Plan, phase, store: ResultStore) -> dict[str, Any]:
              "device": run.device.label, "driver": run.device.driver,
              "duration": f"{run.duration_s:.1f} s", "forced": run.forced,
              "forced_over": ", ".join(run.forced_over),
-             "versions": ", ".join(f"{k} {getattr(v, k)}" for k in
-                                   ("python", "torch", "cuda", "triton", "nvcc") if getattr(v, k)),
+             "versions": ", ".join(f"{k} {val}" for k, val in v.items() if k != "kdtree"),
              "inputs_hash": run.inputs_hash, "spec_hash": run.spec_hash},
         gates=gates, plots=plots, targets=[_target_row(t) for t in targets], targets_now=targets_now,
         devices=[_device_row(r, run) for r in latest_by_device(records)])
@@ -105,7 +105,8 @@ def render_blocks(plan: Plan, store: ResultStore | None = None) -> dict[str, str
     store = store or ResultStore(plan.results_path)
     env = _env()
     views = [_phase_view(plan, p, store) for p in plan.phases]
-    blocks = {"status": env.get_template("status.md.j2").render(phases=views)}
+    blocks = {"status": env.get_template("status.md.j2").render(
+        phases=views, results_dir=plan.spec.results_dir.rstrip("/") + "/")}
     results = env.get_template("results.md.j2")
     for view in views:
         blocks[f"results-{view['id']}"] = results.render(phase=view)
@@ -115,11 +116,10 @@ def render_blocks(plan: Plan, store: ResultStore | None = None) -> dict[str, str
 def rendered_plan(plan: Plan, store: ResultStore | None = None) -> tuple[str, str]:
     """(current text, text with every block re-rendered) of the plan markdown."""
     path = plan.markdown_path
-    if not path.is_file():
+    if not path.exists() and not path.is_dir():
         raise MarkerError(f"the plan markdown {plan.spec.markdown} does not exist; create it with the "
                           f"blocks {', '.join(block_names(plan))}")
-    with open(path, encoding="utf-8", newline="") as fh:
-        current = fh.read()
+    current = read_text(path, f"the plan markdown {plan.spec.markdown}")
     return current, replace_blocks(current, render_blocks(plan, store), where=plan.spec.markdown)
 
 

@@ -1,4 +1,4 @@
-"""Finding the repository a command works on, the way git does: from the cwd upward.
+"""Finding the project a command works on: from the cwd upward, to the nearest plan configuration.
 
 This module does not import gitpython (``orchestrate status`` must stay fast); `kdtree.orchestrator.gitinfo`
 does, for the commands that need commits.
@@ -30,30 +30,53 @@ def find_git_root(start: Path) -> Optional[Path]:
     return None
 
 
-def resolve_root(repo: Optional[str], cwd: Optional[Path] = None) -> RepoRoot:
-    """The repository for a command: ``--repo PATH``, or the one holding the cwd (searched upward).
+def find_project(start: Path, git_root: Optional[Path]) -> Optional[Path]:
+    """The nearest folder from ``start`` up to ``git_root`` (inclusive; to the filesystem root
+    when None) whose ``pyproject.toml`` has a ``[tool.orchestrate]`` table."""
+    from kdtree.orchestrator.plan import has_plan_config  # noqa: PLC0415
 
-    ``--repo`` names a repository's root: a folder with its own ``.git``, or a folder that is not
-    inside any git repository (a copied working tree on a GPU host: commands that need git then
-    refuse, runs record no commit). A folder inside another repository without a ``.git`` of its
-    own is refused: the command would otherwise work on the outer repository.
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if has_plan_config(folder):
+            return folder
+        if git_root is not None and folder == git_root:
+            return None
+    return None
+
+
+def resolve_root(repo: Optional[str], cwd: Optional[Path] = None) -> RepoRoot:
+    """The project a command works on: ``--repo FOLDER``, or found from the cwd (see below).
+
+    Without ``--repo``: the nearest folder between the cwd and its git repository's root whose
+    ``pyproject.toml`` has ``[tool.orchestrate]`` (a subproject of a monorepo works from
+    anywhere inside it); the repository root when none has one (loading the plan then refuses
+    and names ``orchestrate init``).
+
+    ``--repo`` names a project folder: one with ``[tool.orchestrate]`` in its pyproject (inside
+    a git repository or not), a repository root (a folder with its own ``.git``), or a folder
+    outside any git repository (a copied working tree on a GPU host: commands that need git
+    then refuse, runs record no commit). A folder inside another repository that has neither a
+    plan configuration nor a ``.git`` of its own is refused: the command would otherwise work on
+    the outer repository.
     """
+    from kdtree.orchestrator.plan import has_plan_config  # noqa: PLC0415
+
     if repo is not None:
         path = Path(repo).expanduser()
         if not path.is_dir():
             raise Refusal(f"--repo {repo}: no such directory")
         path = path.resolve()
-        if (path / ".git").exists():
-            return RepoRoot(path, True)
-        outer = find_git_root(path.parent)
+        outer = find_git_root(path)
+        if has_plan_config(path) or (path / ".git").exists():
+            return RepoRoot(path, outer is not None)
         if outer is not None:
-            raise Refusal(f"--repo {repo}: {path} is not a repository root (it has no .git of its "
-                          f"own and lies inside the git repository {outer}); pass --repo {outer} "
-                          f"to work on that repository, or run `git init` in {path} to make it one")
+            raise Refusal(f"--repo {repo}: {path} has no [tool.orchestrate] in a pyproject.toml and "
+                          f"is not a repository root (it lies inside the git repository {outer}); "
+                          f"run `orchestrate init` in {path} to give it a plan, or pass --repo {outer}")
         return RepoRoot(path, False)
-    here = Path.cwd() if cwd is None else cwd
+    here = (Path.cwd() if cwd is None else cwd).resolve()
     root = find_git_root(here)
     if root is None:
         raise Refusal(f"not inside a git repository (searched upward from {here}); "
                       "run this inside the repository or pass --repo PATH")
-    return RepoRoot(root, True)
+    return RepoRoot(find_project(here, root) or root, True)

@@ -2,7 +2,9 @@
 
 `run_phase` checks the plan order, gathers the machine facts, runs each gate through
 `kdtree.gates.base.run_check`, evaluates the gates' targets (`kdtree.orchestrator.targets`) and
-writes one `RunRecord` atomically. Interruption policy: if the run is stopped by Ctrl-C
+writes one `RunRecord` atomically. Before the first gate it checks that the record and the plan
+can be written; the inputs are observed at the start and at the end (content hash and file
+metadata), and a run whose inputs changed in between names no commit and never decides. Interruption policy: if the run is stopped by Ctrl-C
 (KeyboardInterrupt) before its first gate, or a gate is stopped by Ctrl-C or SystemExit,
 **nothing is written** — the previous records and the plan stay exactly as they were — and
 `RunInterrupted` is raised. A gate that raises any other exception is an ``error`` outcome and
@@ -16,13 +18,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional, Protocol, Sequence
 
-from kdtree.gates.base import GateContext, GateResult, run_check
+from kdtree.gates.base import GateContext, GateResult, needs_cuda, run_check
 from kdtree.orchestrator import device as device_facts
 from kdtree.orchestrator.errors import Refusal, RunInterrupted
 from kdtree.orchestrator.gitinfo import git_info
 from kdtree.orchestrator.inputs import InputsIndex
-from kdtree.orchestrator.lock import LOCK_NAME
+from kdtree.orchestrator.lock import HOLDER_SUFFIX, LOCK_NAME
 from kdtree.orchestrator.plan import Plan
+from kdtree.orchestrator.preflight import require_writable, write_record
 from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.specs import DeviceInfo, RunRecord, Versions, state_of
 from kdtree.orchestrator.state import blockers, describe_blockers, plan_status
@@ -59,14 +62,21 @@ def select_gates(plan: Plan, phase_id: str, names: Sequence[str]) -> list[str]:
     return [n for n in known if n in names] if names else known
 
 
+def wants_cuda(phase, selected: Sequence[str]) -> bool:
+    """Whether a gate of the run asks for a CUDA device (only then is torch imported)."""
+    return any(needs_cuda(list(phase.spec.gate(n).requires)) for n in selected)
+
+
 def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequence[str] = (),
               force: bool = False, reporter: Optional[Reporter] = None,
               machine: Optional[tuple[DeviceInfo, Versions]] = None) -> RunRecord:
     """Run ``phase_id``'s gates (or the ``gates`` subset) and store the run; return its record.
 
-    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``, and
-    when the environment would import the plan's code from outside the repository
-    (`kdtree.orchestrator.sources`).
+    Refuses (`Refusal`) when an earlier phase is not passed-and-fresh, unless ``force``, when
+    the environment would import the plan's code from outside the repository
+    (`kdtree.orchestrator.sources`), and when the results folder or the plan cannot be written
+    (`kdtree.orchestrator.preflight`), all before any gate runs. If the record cannot be written
+    after the gates ran, it is saved elsewhere and `RecordNotWritten` says where.
     ``machine`` overrides the gathered device facts (for tests). See the module docstring for
     what happens on interruption.
     """
@@ -80,12 +90,15 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
         blocking = blockers(statuses, phase_id)
         if blocking and not force:
             raise Refusal(describe_blockers(blocking, phase_id))
-        resolved = device_facts.resolve_device(device)
-        dev, vers = machine or (device_facts.device_info(resolved), device_facts.versions())
+        require_writable(plan, phase_id)
+        resolved = device_facts.resolve_device(device, wants_cuda(phase, selected))
+        dev, vers = machine or (device_facts.device_info(resolved),
+                                device_facts.versions(list(phase.spec.versions)))
         globs = list(phase.spec.inputs)
-        inputs_hash, n_files = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+        seen_before = InputsIndex(plan.root, plan.is_git).observe(globs)
+        inputs_hash = seen_before.inputs_hash
         git = git_info(plan.root, plan.is_git, inputs=(globs, inputs_hash),
-                       ignore=(f"{plan.spec.results_dir}/{LOCK_NAME}",))
+                       ignore=_lock_paths(plan))
     except KeyboardInterrupt:
         raise RunInterrupted(phase_id, None) from None
     started = datetime.now(timezone.utc)
@@ -109,17 +122,24 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
         reporter.gate_finished(result)
 
     ended = datetime.now(timezone.utc)
-    inputs_after, _ = InputsIndex(plan.root, plan.is_git).hash_of(globs)
+    changed = InputsIndex(plan.root, plan.is_git).observe(globs).changed_since(seen_before)
+    if changed:  # the gates did not run on one tree: no commit holds what they ran
+        git = git.model_copy(update={"sha": None, "sha_source": None})
     partial = len(selected) < len(phase.spec.gates)
     record = RunRecord(
         phase=phase_id, run_id=run_id, state=state_of(results),
         spec_hash=phase.spec.spec_hash(), spec=phase.spec.model_dump(mode="json"),
-        inputs_hash=inputs_hash, input_files=n_files, git=git, device=dev, versions=vers,
+        inputs_hash=inputs_hash, input_files=seen_before.files, git=git, device=dev, versions=vers,
         started_at=started, ended_at=ended, forced=bool(force and blocking),
         forced_over=[b.phase.id for b in blocking], partial=partial,
         gates_selected=selected if partial else [],
-        inputs_changed_during_run=inputs_after != inputs_hash, results=results,
+        inputs_changed_during_run=bool(changed), inputs_changed=changed[:50], results=results,
         targets=evaluate_targets(phase.spec, results),
     )
-    store.write(record)
+    write_record(plan, store, record)
     return record
+
+
+def _lock_paths(plan: Plan) -> tuple[str, ...]:
+    lock = f"{plan.spec.results_dir.rstrip('/')}/{LOCK_NAME}"
+    return (lock, lock + HOLDER_SUFFIX)

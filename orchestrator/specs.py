@@ -129,7 +129,9 @@ class DeviceInfo(_Strict):
 
 
 class Versions(_Strict):
-    """Software the figures depend on; None where not installed."""
+    """Software the figures depend on: python, the orchestrator (``kdtree``, the kdtree-engine
+    distribution) and what the phase declares in `PhaseSpec.versions`; None where not installed
+    or not declared."""
 
     python: str
     kdtree: Optional[str] = None
@@ -137,6 +139,12 @@ class Versions(_Strict):
     cuda: Optional[str] = None  # torch's CUDA runtime
     triton: Optional[str] = None
     nvcc: Optional[str] = None
+    packages: dict[str, Optional[str]] = Field(default_factory=dict)  # other declared distributions
+
+    def items(self) -> list[tuple[str, str]]:
+        """(name, version) of everything recorded, in a stable order."""
+        fixed = [(k, getattr(self, k)) for k in ("python", "kdtree", "torch", "cuda", "triton", "nvcc")]
+        return [(k, v) for k, v in fixed + sorted(self.packages.items()) if v]
 
 
 class TargetResult(_Strict):
@@ -179,7 +187,10 @@ class RunRecord(BaseModel):
     forced_over: list[str] = Field(default_factory=list)  # earlier phases that were not passed-and-fresh
     partial: bool = False  # only some gates ran (--gate); never decides the phase's state
     gates_selected: list[str] = Field(default_factory=list)
+    # The inputs changed while the gates ran (content, or file metadata: an edit that was
+    # reverted counts): the record does not describe one tree, so it never decides the state.
     inputs_changed_during_run: bool = False
+    inputs_changed: list[str] = Field(default_factory=list)  # which input files, where known
     results: list[GateResult]
     targets: list[TargetResult] = Field(default_factory=list)  # empty in runs before targets existed
 

@@ -5,6 +5,7 @@ one of the same code and spec that ran them (`kdtree.orchestrator.evidence`).
 
 - ``pending``: no full run; the outcomes of the deciding run give ``passed``, ``failed``,
   ``error`` or ``incomplete`` (see `kdtree.orchestrator.specs.state_of`);
+- a run whose input files changed while its gates ran never decides (`not_deciding` says why);
 - ``stale``: that run passed (or was incomplete) but the phase's spec hash or inputs hash is no
   longer the one it saw.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kdtree.orchestrator.evidence import deciding_run, full_runs, latest_by_device
+from kdtree.orchestrator.evidence import changed_during_run, deciding_run, full_runs, latest_by_device
 from kdtree.orchestrator.inputs import InputsIndex
 from kdtree.orchestrator.plan import Phase, Plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
@@ -38,6 +39,8 @@ class PhaseStatus:
     stale_reasons: list[str] = field(default_factory=list)
     newest: Optional[RunRecord] = None  # the newest full run (may differ from ``record``)
     by_device: list[RunRecord] = field(default_factory=list)  # newest full run per device, newest first
+    # Why newer full runs do not decide (their inputs changed while they ran), newest first.
+    not_deciding: list[str] = field(default_factory=list)
 
     @property
     def passed_and_fresh(self) -> bool:
@@ -84,15 +87,20 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
     partial = records[-1] if records and records[-1].partial else None
     spec_hash = phase.spec.spec_hash()
     inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
+    after = [r for r in full if record is None or (r.started_at, r.run_id) > (record.started_at, record.run_id)]
+    ignored = [f"run {r.run_id} does not decide: {changed_during_run(r)}; run "
+               f"`orchestrate run {phase.id}` again" for r in reversed(after) if r.inputs_changed_during_run]
     if record is None:
-        return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files)
+        return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files,
+                           newest=full[-1] if full else None, by_device=latest_by_device(records),
+                           not_deciding=ignored)
     changed = _changed_files(record, phase, index) if record.inputs_hash != inputs_hash else None
     reasons = stale_reasons(record, spec_hash, inputs_hash, changed)
     state = record.state
     if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
         state = PhaseState.STALE
     return PhaseStatus(phase, state, record, partial, spec_hash, inputs_hash, n_files, reasons,
-                       newest=full[-1], by_device=latest_by_device(records))
+                       newest=full[-1], by_device=latest_by_device(records), not_deciding=ignored)
 
 
 def plan_status(plan: Plan, store: Optional[ResultStore] = None,

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.fsutil import atomic_write_text
-from kdtree.orchestrator.specs import RunRecord
+from kdtree.orchestrator.specs import RunRecord, state_of
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
 
@@ -40,6 +40,16 @@ def check_identity(record: RunRecord, path: Path, phase: str) -> None:
     if record.run_id != path.stem:
         raise Refusal(f"run record {path} names run {record.run_id!r} but its file is named "
                       f"{path.name!r} (a copy counts twice); rename it to {record.run_id}.json or delete it")
+
+
+def check_consistent(record: RunRecord, path: Path) -> None:
+    """Refuse a record whose state is not what its gates' outcomes amount to (edited by hand)."""
+    implied = state_of(record.results)
+    if record.state is not implied:
+        outcomes = ", ".join(f"{r.gate}={r.outcome.value}" for r in record.results) or "no gates"
+        raise Refusal(f"run record {path} is damaged: its state is {record.state.value!r} but its "
+                      f"gates ({outcomes}) amount to {implied.value!r}; restore it from git or "
+                      "delete it")
 
 
 class ResultStore:
@@ -85,6 +95,7 @@ class ResultStore:
                 raise Refusal(f"run record {path} is damaged ({str(exc).splitlines()[0]}); "
                               "restore it from git or delete it") from None
             check_identity(record, path, phase)
+            check_consistent(record, path)
             out.append(record)
         out.sort(key=lambda r: (r.started_at, r.run_id))
         return out

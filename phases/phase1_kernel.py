@@ -38,6 +38,7 @@ SPEC = PhaseSpec(
         "a benchmark over the configs of docs/design.md (where the field stands) and the DDTree grid, "
         "with roofline fractions and plots",
     ],
+    versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
     inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
             "phases/phase1_coverage.py", "phases/phase1_tokens.py", "phases/phase1_trees.py", "phases/phase1_cases.py",
             "phases/phase1_peers.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],

@@ -30,6 +30,7 @@ SPEC = PhaseSpec(
         "kdtree.integrations.sglang: init_cuda_graph_state / init_forward_metadata_out_graph / _in_graph / "
         "get_cuda_graph_seq_len_fill_value for target verify",
     ],
+    versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
     inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/phase3_graph.py", "phases/phase3_work.py", "gates/**/*.py"],
     gates=[

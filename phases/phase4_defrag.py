@@ -44,6 +44,7 @@ SPEC = PhaseSpec(
         "speculative decoding with requests arriving and finishing)",
         "kdtree.engine.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
     ],
+    versions=["torch", "nvcc"],  # recorded with every run, besides python and the orchestrator
     inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
             "gates/**/*.py"],
     gates=[

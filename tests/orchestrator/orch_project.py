@@ -129,6 +129,12 @@ class Project:
     def plan_path(self) -> Path:
         return self.root / "plans" / "plan.md"
 
+    def lock_file(self) -> Path:
+        """Where ``orchestrate`` takes this project's run lock."""
+        from kdtree.orchestrator.lock import lock_path  # noqa: PLC0415
+
+        return lock_path(self.root, self.root / "plans" / "results", True)
+
     def records(self, phase: str) -> list[Path]:
         folder = self.root / "plans" / "results" / phase
         return sorted(folder.glob("*.json")) if folder.is_dir() else []

@@ -38,9 +38,18 @@ def test_status_imports_neither_torch_nor_triton(project):
     assert "speedup 4.2x >= 3x" in out.stdout
 
 
-def test_status_of_the_project_plan_imports_no_torch(tmp_path):
+def test_a_repository_without_a_plan_configuration_is_refused_naming_init(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    out = _status_in_subprocess(tmp_path)  # no [tool.orchestrate]: kdtree-engine's own plan
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    out = _status_in_subprocess(tmp_path)
+    assert out.returncode == 2
+    assert "has no [tool.orchestrate] table" in out.stderr and "`orchestrate init`" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "phase1" not in out.stdout  # never another project's plan
+
+
+def test_status_of_this_repositorys_plan_imports_no_torch():
+    out = _status_in_subprocess(Path(__file__).resolve().parents[2])  # its pyproject names the plan
     assert out.returncode == 0, out.stderr
     assert "HEAVY: \n" in out.stdout, out.stdout
     for words in ("phase1 kernel", "phase2 backend", "phase3 graph capture", "phase4 defrag"):
@@ -97,7 +106,7 @@ def test_help_lists_the_exit_codes():
 def test_ctrl_c_before_the_first_gate_exits_130_and_records_nothing(project, monkeypatch):
     from kdtree.orchestrator import device as device_facts  # noqa: PLC0415
 
-    def interrupted(request):
+    def interrupted(request, wants_cuda=True):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(device_facts, "resolve_device", interrupted)  # e.g. while torch imports

@@ -7,9 +7,11 @@ import subprocess
 import pytest
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.plan import DEFAULT_PLAN, load_plan
+from kdtree.orchestrator.plan import load_plan, read_plan_spec
 from kdtree.orchestrator.runner import run_phase
 from kdtree.orchestrator.sources import declared_packages, folder_of, foreign_sources
+
+PROJECT_PLAN = read_plan_spec(__import__("pathlib").Path(__file__).resolve().parents[2])  # this repository's own plan
 
 _GATES_OF_ITS_OWN = """
 [tool.setuptools]
@@ -53,7 +55,7 @@ def test_a_declared_package_the_environment_cannot_import_is_refused(project):
 
 def test_phase_modules_from_outside_the_repository_are_refused(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    plan = load_plan(tmp_path, True, DEFAULT_PLAN)  # kdtree-engine's phases, from this checkout
+    plan = load_plan(tmp_path, True, PROJECT_PLAN)  # kdtree-engine's phases, from this checkout
     with pytest.raises(Refusal, match="phase module kdtree.phases.phase1_kernel was imported from"):
         run_phase(plan, "phase1", device="cpu")
     assert not (tmp_path / "plans" / "results" / "phase1").exists()
@@ -66,7 +68,7 @@ def test_this_checkout_serves_its_own_packages():
 
     root = Path(kdtree.__file__).resolve().parent.parent
     assert "kdtree.kernels" in declared_packages(root)
-    modules = [m for m in DEFAULT_PLAN.phases]
+    modules = [m for m in PROJECT_PLAN.phases]
     assert foreign_sources(root, modules) == []
 
 
@@ -79,7 +81,8 @@ def test_folder_of_follows_package_dir():
 
 def test_repo_option_must_name_a_repository_root(project):
     res = project.cli("--repo", str(project.root / "src"), "status", expect=2)
-    assert f"{project.root / 'src'} is not a repository root" in res.stderr
+    assert f"{project.root / 'src'} has no [tool.orchestrate]" in res.stderr
+    assert "is not a repository root" in res.stderr and "orchestrate init" in res.stderr
     assert f"--repo {project.root}" in res.stderr
 
 

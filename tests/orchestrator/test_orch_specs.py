@@ -6,8 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from kdtree.gates.base import GateContext, Outcome, run_check
-from kdtree.orchestrator.plan import DEFAULT_PLAN, load_plan
+from kdtree.orchestrator.plan import load_plan, read_plan_spec
 from kdtree.orchestrator.specs import PlanSpec
+
+PROJECT_PLAN = read_plan_spec(__import__("pathlib").Path(__file__).resolve().parents[2])  # this repository's own plan
 
 
 def test_bad_threshold_in_a_phase_spec_names_the_field(project):
@@ -67,11 +69,11 @@ def test_plan_spec_rejects_absolute_paths_and_duplicates():
         PlanSpec(id="x", markdown="p.md", phases=["a", "a"])
 
 
-def test_default_plan_has_the_four_phases_in_order(tmp_path):
-    plan = load_plan(tmp_path, is_git=False, spec=DEFAULT_PLAN)
+def test_this_projects_pyproject_names_its_four_phases_in_order(tmp_path):
+    plan = load_plan(tmp_path, is_git=False, spec=PROJECT_PLAN)
     assert [(p.id, p.spec.title) for p in plan.phases] == [
         ("phase1", "kernel"), ("phase2", "backend"), ("phase3", "graph capture"), ("phase4", "defrag")]
-    assert DEFAULT_PLAN.markdown == "plans/0002-sm120-verify-kernel-defrag.md"
+    assert PROJECT_PLAN.markdown == "plans/0002-sm120-verify-kernel-defrag.md"
     p1 = plan.phase("phase1").spec
     assert [g.name for g in p1.gates] == ["build", "build_sm90a", "accuracy", "token_exact", "speedup",
                                           "speedup_naive", "scatter", "sanitizer"]
@@ -96,7 +98,7 @@ def test_default_plan_has_the_four_phases_in_order(tmp_path):
 
 
 def test_every_project_gate_without_its_work_reports_not_implemented(tmp_path):
-    plan = load_plan(tmp_path, is_git=False, spec=DEFAULT_PLAN)
+    plan = load_plan(tmp_path, is_git=False, spec=PROJECT_PLAN)
     for phase in plan.phases:
         if phase.id in ("phase1", "phase4"):  # their work exists; tests/phases covers their gates
             continue

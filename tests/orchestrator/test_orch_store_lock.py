@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from pathlib import Path
 from pydantic import ValidationError
 
 from kdtree.orchestrator.inputs import glob_regex, match_inputs
@@ -63,40 +64,69 @@ def test_history_lists_runs_with_figures(project):
 
 
 _HOLDER = """
-import fcntl, json, os, socket, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}).encode())
-print("held", flush=True)
-time.sleep(30)
+import sys, time
+from pathlib import Path
+from kdtree.orchestrator.lock import RunLock
+with RunLock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
 """
 
 
-def test_a_live_lock_holder_refuses_a_second_run(project):
-    lock = project.root / "plans" / "results" / ".lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+def _hold(project, seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(project.lock_file()), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_no_wait_refuses_at_once_naming_the_holder(project):
+    holder = _hold(project, 30)
     try:
-        assert holder.stdout.readline().strip() == "held"
-        res = project.cli("run", "p1", "--device", "cpu", expect=2)
-        assert f"pid {holder.pid}" in res.stderr and "another orchestrate run" in res.stderr
+        res = project.cli("run", "p1", "--device", "cpu", "--no-wait", expect=2)
+        assert f"pid {holder.pid}" in res.stderr and "holds the run lock" in res.stderr
+        assert "orchestrate" in res.stderr  # the holder's command
         assert project.records("p1") == []
+        res = project.cli("checkpoint", "--wait", "0.3", expect=2)
+        assert f"pid {holder.pid}" in res.stderr and "after waiting" in res.stderr
     finally:
         holder.kill()
         holder.wait()
 
 
+def test_a_second_run_waits_for_the_holder_and_says_who_it_is(project):
+    holder = _hold(project, 1.5)
+    try:
+        res = project.cli("run", "p1", "--device", "cpu", expect=0)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"waiting for the run lock" in res.stderr and f"pid {holder.pid}" in res.stderr
+    assert len(project.records("p1")) == 1
+
+
+def test_the_lock_never_shows_in_git_status(project):
+    project.cli("run", "p1", "--device", "cpu")
+    status = git_status(project)
+    assert ".lock" not in status and ".holder" not in status
+
+
+def git_status(project) -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project.root,
+                          capture_output=True, text=True, check=True).stdout
+
+
 def test_a_stale_lock_from_a_dead_process_is_taken_over(project):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    lock = project.root / "plans" / "results" / ".lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder_file = Path(str(project.lock_file()) + ".holder")
+    holder_file.parent.mkdir(parents=True, exist_ok=True)
     import socket
-    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": "earlier"}))
+    holder_file.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": "earlier"}))
     res = project.cli("run", "p1", "--device", "cpu", expect=0)
     assert "taking over a stale lock" in res.stderr and f"pid {dead.pid}" in res.stderr
     assert len(project.records("p1")) == 1
-    assert not lock.exists()
+    assert not holder_file.exists()
 
 
 def test_lock_is_exclusive_within_a_process(tmp_path):

@@ -9,11 +9,13 @@ import pytest
 
 from kdtree.gates.base import Figure, GateResult, Outcome
 from kdtree.gates.spec import Target
-from kdtree.orchestrator.plan import DEFAULT_PLAN, load_plan
+from kdtree.orchestrator.plan import load_plan, read_plan_spec
 from kdtree.orchestrator.specs import RunRecord
 from kdtree.orchestrator.store import ResultStore
 from kdtree.orchestrator.targets import evaluate_target, shown_targets, target_text
 from orch_project import make_project
+
+PROJECT_PLAN = read_plan_spec(__import__("pathlib").Path(__file__).resolve().parents[2])  # this repository's own plan
 
 TARGETS = ('Target(figure="speedup", op=">=", value=4.0, unit="x", note="easy"), '
            'Target(figure="speedup", op=">=", value=8.4, unit="x", note="best in the field"), '
@@ -114,7 +116,7 @@ def test_not_measured_says_why(outcome, figures, reason):
 
 def test_every_committed_phase1_record_loads_and_shows_the_current_targets():
     """Records written before targets existed load, and the current targets are evaluated on them."""
-    plan = load_plan(REPO_ROOT, True, DEFAULT_PLAN)
+    plan = load_plan(REPO_ROOT, True, PROJECT_PLAN)
     records = ResultStore(plan.results_path).records("phase1")
     assert len(records) >= 8 and all(r.schema_version >= 1 for r in records)
     old = [r for r in records if not r.targets]  # written before targets existed

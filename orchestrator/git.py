@@ -1,0 +1,133 @@
+"""The one way the orchestrator calls git: the ``git`` program, through `subprocess`.
+
+Every git command the orchestrator runs goes through `run_git` (or `try_git`), from the folder
+the plan lives in (a repository root or a subproject of a monorepo). A failing command is a
+`GitError` carrying git's own message, never a traceback; `describe_commit_failure` turns the
+failures a user meets at ``git commit`` (no identity, a refusing hook) into what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from kdtree.orchestrator.errors import Refusal
+
+
+class GitError(Refusal):
+    """A git command failed; the message names the command and quotes git. Exit 2."""
+
+    def __init__(self, args: tuple[str, ...], returncode: Optional[int], stderr: str):
+        self.args_run, self.returncode, self.stderr = args, returncode, stderr.strip()
+        why = f"exited {returncode}" if returncode is not None else "could not be started"
+        super().__init__(f"`git {' '.join(args)}` {why}: {self.stderr or '(no message)'}")
+
+
+def run_git(root: Path, *args: str, stdin: Optional[bytes] = None) -> bytes:
+    """``git ARGS`` in ``root``; its stdout, or a `GitError` with git's message."""
+    try:
+        out = subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True)
+    except OSError as exc:
+        raise GitError(args, None, f"{exc} (is git installed and on PATH?)") from None
+    if out.returncode != 0:
+        raise GitError(args, out.returncode, out.stderr.decode("utf-8", "replace"))
+    return out.stdout
+
+
+def try_git(root: Path, *args: str, stdin: Optional[bytes] = None) -> Optional[bytes]:
+    """``git ARGS`` in ``root``; its stdout, or None when it fails (for questions, not actions)."""
+    try:
+        return run_git(root, *args, stdin=stdin)
+    except GitError:
+        return None
+
+
+def git_text(root: Path, *args: str) -> str:
+    return run_git(root, *args).decode("utf-8", "surrogateescape").strip()
+
+
+def nul_list(data: bytes) -> list[str]:
+    """The entries of a ``-z`` listing."""
+    return [p for p in data.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def toplevel(root: Path) -> Optional[Path]:
+    """The work tree root of the repository holding ``root`` (None: not in one)."""
+    out = try_git(root, "rev-parse", "--show-toplevel")
+    return Path(out.decode().strip()) if out else None
+
+
+def git_dir(root: Path) -> Path:
+    """The repository's git directory (``.git``, or a worktree's own)."""
+    path = Path(git_text(root, "rev-parse", "--git-dir"))
+    return path if path.is_absolute() else (root / path).resolve()
+
+
+def git_path(root: Path, name: str) -> Path:
+    """A file of the git directory, as ``git rev-parse --git-path`` names it (e.g. ``index``)."""
+    path = Path(git_text(root, "rev-parse", "--git-path", name))
+    return path if path.is_absolute() else (root / path).resolve()
+
+
+def head_commit(root: Path) -> Optional[str]:
+    out = try_git(root, "rev-parse", "--verify", "-q", "HEAD^{commit}")
+    return out.decode().strip() if out else None
+
+
+def branch(root: Path) -> Optional[str]:
+    """The checked-out branch; None on a detached HEAD."""
+    out = try_git(root, "symbolic-ref", "-q", "--short", "HEAD")
+    return out.decode().strip() or None if out else None
+
+
+def in_progress_operation(root: Path) -> Optional[str]:
+    """'a merge' / 'a rebase' / 'a cherry-pick' / 'a revert' when the repository is in one."""
+    gitdir = git_dir(root)
+    if (gitdir / "MERGE_HEAD").exists():
+        return "a merge"
+    if (gitdir / "rebase-merge").exists() or (gitdir / "rebase-apply").exists():
+        return "a rebase"
+    if (gitdir / "CHERRY_PICK_HEAD").exists():
+        return "a cherry-pick"
+    if (gitdir / "REVERT_HEAD").exists():
+        return "a revert"
+    return None
+
+
+class IndexSnapshot:
+    """The index file's bytes, to put back exactly when a checkpoint fails after staging."""
+
+    def __init__(self, root: Path):
+        self.path = git_path(root, "index")
+        self.data = self.path.read_bytes() if self.path.exists() else None
+
+    def restore(self) -> None:
+        from kdtree.orchestrator.fsutil import atomic_write_bytes  # noqa: PLC0415
+
+        if self.data is None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        else:
+            atomic_write_bytes(self.path, self.data)
+
+
+def describe_commit_failure(exc: GitError) -> str:
+    """What went wrong at ``git commit`` and what to do, from git's message."""
+    err = exc.stderr
+    low = err.lower()
+    if "author identity unknown" in low or "unable to auto-detect email" in low or \
+            "empty ident name" in low or "user.useconfigonly" in low or "please tell me who you are" in low:
+        return ("git does not know who you are, so it cannot commit (no user.name / user.email"
+                + ("; HOME is not set, so no ~/.gitconfig is read" if not os.environ.get("HOME") else "")
+                + "). Set them, e.g. `git config --global user.name \"Your Name\"` and "
+                "`git config --global user.email you@example.com` (or GIT_AUTHOR_NAME/EMAIL), then "
+                "run the checkpoint again")
+    if "hook" in low or exc.returncode == 1:
+        return ("the commit was refused (a hook, e.g. pre-commit, failed); git said:\n"
+                + "\n".join("  " + line for line in err.splitlines())
+                + "\nFix what it names, then run the checkpoint again")
+    return f"git could not commit: {err or '(no message)'}"
