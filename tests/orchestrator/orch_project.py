@@ -47,8 +47,36 @@ def _metric(spec, ctx, good, bad):
         import time; time.sleep(5)
     if knob == "exit":
         raise SystemExit(3)
+    if knob == "edit":  # an input edited while the gates run (the user reverts it later)
+        (ctx.repo_root / "src/{pid}/code.py").write_text("x = 99\\n")
+    if knob == "lazy":  # a lazily imported input edited, executed and reverted mid-run
+        import importlib.util, time
+        path = ctx.repo_root / "src/{pid}/lazy.py"
+        original = path.read_text()
+        time.sleep(0.05)
+        path.write_text("VALUE = 'edited'\\n")
+        mod_spec = importlib.util.spec_from_file_location("lazy_{pid}", path)
+        mod = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(mod)
+        assert mod.VALUE == "edited"
+        path.write_text(original)
+    if knob == "block-results":  # the results folder stops taking files after the gates
+        import shutil, stat
+        folder = ctx.repo_root / "plans/results/{pid}"
+        if os.geteuid() == 0:  # root writes through permissions: a file where the folder was
+            shutil.rmtree(folder)
+            folder.write_text("not a folder any more")
+        else:
+            folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    if knob == "fsize":  # the disk takes no more than 512 bytes per file from here on
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+    if knob == "break-plan":  # the plan's markers are damaged while the gates run
+        plan = ctx.repo_root / "plans/plan.md"
+        plan.write_text(plan.read_text().replace("<!-- orchestrate:end status -->", ""))
     th = spec.thresholds[0]
-    value = good if knob == "pass" else bad
+    value = bad if knob == "fail" else good
     details = {{}}
     if knob == "plot":
         value, details = good, {{"plots": ["plans/results/{pid}/speed.png"]}}
