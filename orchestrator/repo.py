@@ -1,7 +1,6 @@
 """Finding the project a command works on: from the cwd upward, to the nearest plan configuration.
 
-This module does not import gitpython (``orchestrate status`` must stay fast); `kdtree.orchestrator.gitinfo`
-does, for the commands that need commits.
+It runs no git command: a repository is a folder holding ``.git``, found by walking up.
 """
 
 from __future__ import annotations
