@@ -291,3 +291,10 @@ def test_a_checkpoint_commits_every_record_its_plan_cites(project, tmp_path):
     status = json.loads(CliRunner().invoke(cli, ["--repo", str(clone), "status", "--json"]).stdout)
     assert [p["state"] for p in status["phases"]] == ["passed", "passed"]
     project.forget_modules()
+
+
+def test_the_status_block_names_the_configured_results_folder(project):
+    _use_results_dir(project, "out/runs")
+    project.cli("run", "p1", "--device", "cpu")
+    assert "run records under `out/runs/`" in project.plan_path.read_text()
+    assert list((project.root / "out" / "runs" / "p1").glob("*.json"))
