@@ -11,6 +11,7 @@ import random
 
 import click
 
+from kdtree.cli_support import common_options, run
 from kdtree.engine.backends import known_backends
 from kdtree.engine.config import PRESETS
 from kdtree.engine.drafters import DRAFTER_NAMES
@@ -43,6 +44,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group(context_settings=CONTEXT)
+@common_options
 def main() -> None:
     """kdtree-engine demo."""
 
@@ -65,8 +67,12 @@ def main() -> None:
 @click.option("--cuda-graph/--no-cuda-graph", "cuda_graph", default=None,
               help="replay verify steps from CUDA graphs (default: on for --backend kernel on CUDA with a drafter)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a report")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="CPU threads torch may use (torch.set_num_threads; default: torch's choice). On a busy "
+                   "machine fewer threads than cores keeps tokens/s steady")
+@common_options
 def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, device, max_new_tokens, preset_name,
-             cuda_graph, as_json):
+             cuda_graph, as_json, threads):
     """Generate greedily (--drafter none) or with tree speculative decoding."""
     from rich.console import Console  # noqa: PLC0415 - keep `--help` fast
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
@@ -76,6 +82,10 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
     from kdtree.engine.config import preset  # noqa: PLC0415
 
     err = Console(stderr=True)
+    if threads is not None:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(threads)
     try:
         dev = check_device(device)
         if get_backend(backend).requires_cuda and dev.type != "cuda":
@@ -127,4 +137,4 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
 
 
 if __name__ == "__main__":
-    main()
+    run(main, prog_name="python -m kdtree.engine")

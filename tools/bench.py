@@ -21,7 +21,6 @@ here touches CUDA at import time.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import importlib
@@ -36,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import click
 import torch
 
+from kdtree.cli_support import UsageError, common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.bench_report import write_report
@@ -284,45 +285,44 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
     return rows, facts
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m kdtree.tools.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--impl", action="append", choices=list(IMPLEMENTATIONS),
-                        help="implementation to time (repeatable; default: all)")
-    parser.add_argument("--quick", action="store_true", help="the small subset (speedup gate, smoke tests)")
-    parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="scattered")
-    parser.add_argument("--pool-gb", type=cli.positive_float, default=8.0, help="size of the latent pool in GiB")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
-    parser.add_argument("--filter", help="regex on the shape label, e.g. 'H64 T16' or 'L128k'")
-    parser.add_argument("--budget-s", type=cli.positive_float, default=480.0,
-                        help="start no new config after this many seconds (the device lease is short)")
-    parser.add_argument("--flush", choices=FLUSH_MODES, default="read",
-                        help="how the L2 is wiped before each timed call (read: leaves it clean)")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help="force the CUDA kernel's variant")
-    parser.add_argument("--splits", type=cli.positive_int, help="force the CUDA kernel's KV split count")
-    args = parser.parse_args(argv)
-    if args.filter:
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--impl", "impls", multiple=True, type=click.Choice(list(IMPLEMENTATIONS)),
+              help="implementation to time (repeatable; default: all)")
+@click.option("--quick", is_flag=True, help="the small subset (speedup gate, smoke tests)")
+@click.option("--layout", type=click.Choice([*LAYOUTS, "both"]), default="scattered", show_default=True)
+@click.option("--pool-gb", type=cli.POSITIVE_FLOAT, default=8.0, show_default=True,
+              help="size of the latent pool in GiB")
+@click.option("--out", default=DEFAULT_OUT, show_default=True, help="output folder")
+@click.option("--filter", "shape_filter", help="regex on the shape label, e.g. 'H64 T16' or 'L128k'")
+@click.option("--budget-s", type=cli.POSITIVE_FLOAT, default=480.0, show_default=True,
+              help="start no new config after this many seconds (the device lease is short)")
+@click.option("--flush", type=click.Choice(FLUSH_MODES), default="read", show_default=True,
+              help="how the L2 is wiped before each timed call (read: leaves it clean)")
+@click.option("--variant", type=click.Choice(sorted(VARIANTS)), help="force the CUDA kernel's variant")
+@click.option("--splits", type=cli.POSITIVE_INT, help="force the CUDA kernel's KV split count")
+@common_options
+def command(impls, quick, layout, pool_gb, out, shape_filter, budget_s, flush, variant, splits) -> int:
+    if shape_filter:
         try:
-            re.compile(args.filter)
+            re.compile(shape_filter)
         except re.error as exc:
-            parser.error(f"--filter {args.filter!r} is not a regular expression: {exc}")
-    if not torch.cuda.is_available():
-        print("kdtree.tools.bench: no CUDA GPU on this machine (torch.cuda.is_available() is False); "
-              "the benchmark times GPU kernels, so nothing was measured.", file=sys.stderr)
-        return 2
-    shapes = bench_grid(args.quick)
-    if args.filter:
-        shapes = [s for s in shapes if re.search(args.filter, s.label)]
+            raise click.BadParameter(f"{shape_filter!r} is not a regular expression: {exc}",
+                                     param_hint="--filter") from None
+    cli.require_cuda("kdtree.tools.bench", "the benchmark times GPU kernels: nothing was measured")
+    shapes = bench_grid(quick)
+    if shape_filter:
+        shapes = [s for s in shapes if re.search(shape_filter, s.label)]
     if not shapes:
-        print(f"kdtree.tools.bench: --filter {args.filter!r} matches no shape", file=sys.stderr)
-        return 2
-    layouts = list(LAYOUTS) if args.layout == "both" else [args.layout]
-    rows, facts = run(args.impl or list(IMPLEMENTATIONS), shapes, layouts, args.pool_gb, args.budget_s, argv,
-                      flush_mode=args.flush, variant=args.variant, num_splits=args.splits)
-    for path in write_report(rows, facts, args.out):
-        print(f"wrote {path}")
+        raise UsageError(f"--filter {shape_filter!r} matches no shape")
+    layouts = list(LAYOUTS) if layout == "both" else [layout]
+    rows, facts = run(list(impls) or list(IMPLEMENTATIONS), shapes, layouts, pool_gb, budget_s, cli.invoked_argv(),
+                      flush_mode=flush, variant=variant, num_splits=splits)
+    for path in write_report(rows, facts, out):
+        click.echo(f"wrote {path}")
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.bench")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

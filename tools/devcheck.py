@@ -17,7 +17,6 @@ first's, per config and in the median.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -27,10 +26,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
+import click
 import torch
 
+from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
 from kdtree.tools.cases import call, make_case, make_pool, oracle, pool_slots_for
@@ -94,10 +96,10 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
     for part in filter(None, (p.strip() for p in text.split(";"))):
         fields = part.split(",")
         if len(fields) != 4 or not all(f.strip().isdigit() for f in fields):
-            raise argparse.ArgumentTypeError(f"{part!r} is not H,T,B,L (four whole numbers)")
+            raise ValueError(f"{part!r} is not H,T,B,L (four whole numbers)")
         configs.append(tuple(int(f) for f in fields))
     if not configs:
-        raise argparse.ArgumentTypeError(f"{text!r} names no config (expected 'H,T,B,L;...')")
+        raise ValueError(f"{text!r} names no config (expected 'H,T,B,L;...')")
     return configs
 
 
@@ -110,7 +112,7 @@ def parse_variants(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown variant(s) {unknown}: expected some of {sorted(VARIANTS)}")
+        raise ValueError(f"unknown variant(s) {unknown}: expected some of {sorted(VARIANTS)}")
     return names
 
 
@@ -208,31 +210,30 @@ def compare_table(rows: list[dict], names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.devcheck", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--splits", type=parse_splits, default=[], help="comma list of forced split counts to time")
-    ap.add_argument("--impl", action="append", default=None, choices=["cuda", "naive", "triton", "none"],
-                    help="what to time besides nothing (repeatable; 'none': correctness only)")
-    ap.add_argument("--pool-gb", type=cli.positive_float, default=8.0)
-    ap.add_argument("--variants", type=parse_variants, default=None,
-                    help="kernel variants to check (default: every variant this device runs)")
-    ap.add_argument("--time-variants", type=parse_variants, default=[], help="also time these variants")
-    ap.add_argument("--compare-variants", type=parse_variants, default=[],
-                    help="time these variants interleaved in one table (ratios to the first)")
-    ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the variant of every timed cuda call")
-    ap.add_argument("--time-only", action="store_true", help="skip the correctness table")
-    ap.add_argument("--profile", type=parse_configs, help="H,T,B,L: only run that config a few times (for ncu)")
-    ap.add_argument("--configs", type=parse_configs, help="timing configs 'H,T,B,L;H,T,B,L' (default: built in)")
-    return ap
-
-
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        print("kdtree.tools.devcheck: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--out", default=lambda: os.environ.get("OUT", "."), show_default="$OUT or .")
+@click.option("--quick", is_flag=True)
+@click.option("--splits", type=cli.Parsed(parse_splits, "N,N,..."), default="", help="comma list of forced split counts to time")
+@click.option("--impl", multiple=True, type=click.Choice(["cuda", "naive", "triton", "none"]),
+              help="what to time besides nothing (repeatable; 'none': correctness only)")
+@click.option("--pool-gb", type=cli.POSITIVE_FLOAT, default=8.0, show_default=True)
+@click.option("--variants", type=cli.Parsed(parse_variants, "VARIANT,..."), default=None,
+              help="kernel variants to check (default: every variant this device runs)")
+@click.option("--time-variants", type=cli.Parsed(parse_variants, "VARIANT,..."), default="",
+              help="also time these variants")
+@click.option("--compare-variants", type=cli.Parsed(parse_variants, "VARIANT,..."), default="",
+              help="time these variants interleaved in one table (ratios to the first)")
+@click.option("--variant", type=click.Choice(sorted(VARIANTS)), help="force the variant of every timed cuda call")
+@click.option("--time-only", is_flag=True, help="skip the correctness table")
+@click.option("--profile", type=cli.Parsed(parse_configs, "H,T,B,L"),
+              help="H,T,B,L: only run that config a few times (for ncu)")
+@click.option("--configs", type=cli.Parsed(parse_configs, "H,T,B,L;..."),
+              help="timing configs 'H,T,B,L;H,T,B,L' (default: built in)")
+@common_options
+def command(**options) -> int:
+    args = SimpleNamespace(**options)
+    args.impl = list(args.impl) or None
+    cli.require_cuda("kdtree.tools.devcheck", "it builds, checks and times the kernel")
     forced_splits = args.splits[0] if args.profile and args.splits else None
     if args.profile:
         H, T, B, L = args.profile[0]
@@ -297,5 +298,7 @@ def main(argv=None) -> int:
     return 1 if any(not r["ok"] for r in rows) else 0
 
 
+main = cli.program(command, "python -m kdtree.tools.devcheck")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

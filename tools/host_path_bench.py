@@ -9,12 +9,13 @@ state, the current-device check, the raw stream), each a single dict lookup or C
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
+import click
 import torch
 
+from kdtree.cli_support import common_options
 from kdtree.kernels import cli, cuda_op
 from kdtree.kernels.contract import LATENT_DIM, validate
 from kdtree.tools.cases import case_args, make_case
@@ -57,18 +58,18 @@ def time_calls(fn, calls: int, repeats: int = 5) -> float:
     return best * 1e6
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.host_path_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=cli.positive_int, default=10_000)
-    ap.add_argument("--heads", type=cli.positive_int, default=8)
-    ap.add_argument("--tree", type=cli.positive_int, default=16, help="T_b of every request")
-    ap.add_argument("--batch", type=cli.positive_int, default=1)
-    ap.add_argument("--prefix", type=int, default=4096, help="L_b of every request")
-    args = ap.parse_args(argv)
-    case = make_case(args.heads, [(args.tree, args.prefix)] * args.batch, "random", 1, device="cpu")
-    nq = args.tree * args.batch
-    out = torch.empty(nq, args.heads, LATENT_DIM, dtype=torch.bfloat16)
-    lse = torch.empty(nq, args.heads)
+@click.command(context_settings=cli.CONTEXT, help=__doc__.splitlines()[0])
+@click.option("--calls", type=cli.POSITIVE_INT, default=10_000, show_default=True)
+@click.option("--heads", type=cli.POSITIVE_INT, default=8, show_default=True)
+@click.option("--tree", type=cli.POSITIVE_INT, default=16, show_default=True, help="T_b of every request")
+@click.option("--batch", type=cli.POSITIVE_INT, default=1, show_default=True)
+@click.option("--prefix", type=click.IntRange(0), default=4096, show_default=True, help="L_b of every request")
+@common_options
+def command(calls: int, heads: int, tree: int, batch: int, prefix: int) -> int:
+    case = make_case(heads, [(tree, prefix)] * batch, "random", 1, device="cpu")
+    nq = tree * batch
+    out = torch.empty(nq, heads, LATENT_DIM, dtype=torch.bfloat16)
+    lse = torch.empty(nq, heads)
     state = fake_state()
 
     def plan_miss():
@@ -79,11 +80,13 @@ def main(argv=None) -> int:
             ("out allocated", lambda: host_call(case, state)),
             ("out given, plan cache miss", plan_miss),
             ("validate only", lambda: validate(*case_args(case), out, lse, check_values=False))]
-    print(f"H={args.heads} T={args.tree} B={args.batch} L={args.prefix}, best of 5 x {args.calls} calls")
+    click.echo(f"H={heads} T={tree} B={batch} L={prefix}, best of 5 x {calls} calls")
     for name, fn in rows:
-        print(f"{time_calls(fn, args.calls):8.2f} us/call  {name}")
+        click.echo(f"{time_calls(fn, calls):8.2f} us/call  {name}")
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.host_path_bench")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

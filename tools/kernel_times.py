@@ -14,15 +14,16 @@ GPU only.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import statistics
 import sys
 from collections import defaultdict
 
+import click
 import torch
 
+from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.cases import call, make_case
@@ -60,35 +61,35 @@ def parse_split_list(text: str) -> list:
     return [None if s.strip() == "auto" else cli.positive_int(s.strip()) for s in text.split(",") if s.strip()]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.kernel_times", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", required=True, type=parse_configs, help="'H,T,B,L;...'")
-    ap.add_argument("--splits", type=parse_split_list, default=[None],
-                    help="comma list of split counts, 'auto' = the launch plan's")
-    ap.add_argument("--variant", choices=sorted(VARIANTS), help="force the kernel variant")
-    ap.add_argument("--reps", type=cli.positive_int, default=20)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("kdtree.tools.kernel_times needs a CUDA GPU: torch.cuda.is_available() is False", file=sys.stderr)
-        return 2
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--configs", required=True, type=cli.Parsed(parse_configs, "H,T,B,L;..."), help="'H,T,B,L;...'")
+@click.option("--splits", type=cli.Parsed(parse_split_list, "auto,N,..."), default="auto", show_default=True,
+              help="comma list of split counts, 'auto' = the launch plan's")
+@click.option("--variant", type=click.Choice(sorted(VARIANTS)), help="force the kernel variant")
+@click.option("--reps", type=cli.POSITIVE_INT, default=20, show_default=True)
+@common_options
+def command(configs, splits, variant, reps) -> int:
+    cli.require_cuda("kdtree.tools.kernel_times", "it times the kernel's launches with the CUDA profiler")
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
 
     bw, rate = measure_ceilings()
     timer = gpu_timer()
-    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    for H, T, B, L in args.configs:
+    click.echo(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    for H, T, B, L in configs:
         case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))
         floor_us = floor_seconds(Shape(H, T, B, L), bw, rate) * 1e6
-        for splits in args.splits:
-            fn = functools.partial(launch, variant=args.variant, num_splits=splits)
-            times = kernel_times(lambda: call(fn, case), args.reps, timer)
+        for n_splits in splits:
+            fn = functools.partial(launch, variant=variant, num_splits=n_splits)
+            times = kernel_times(lambda: call(fn, case), reps, timer)
             parts = {short_name(k): statistics.median(v) for k, v in times.items()}
             total = sum(parts.values())
             desc = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-            print(f"H{H} T{T} B{B} L{L} splits={splits or 'auto'}: floor {floor_us:.1f} us | kernels {total:.1f} us "
+            print(f"H{H} T{T} B{B} L{L} splits={n_splits or 'auto'}: floor {floor_us:.1f} us | kernels {total:.1f} us "
                   f"({floor_us / total:.2f} of the floor) = {desc}", flush=True)
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.kernel_times")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

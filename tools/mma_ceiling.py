@@ -10,7 +10,6 @@ mma_ceiling.json into --out. Needs nvcc and a CUDA GPU (without them: a message,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -18,6 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import click
+
+from kdtree.cli_support import MachineError, common_options
 from kdtree.kernels import cli
 from kdtree.kernels.jit import JitError, find_nvcc
 
@@ -64,21 +66,22 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.mma_ceiling", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--iters", type=cli.positive_int, default=20000)
-    args = ap.parse_args(argv)
+@click.command(context_settings=cli.CONTEXT, help=__doc__.splitlines()[0])
+@click.option("--out", default=lambda: os.environ.get("OUT", "."), show_default="$OUT or .")
+@click.option("--iters", type=cli.POSITIVE_INT, default=20000, show_default=True)
+@common_options
+def command(out: str, iters: int) -> int:
     try:
-        rows = measure(args.iters)
+        rows = measure(iters)
     except (JitError, RuntimeError) as exc:
-        print(f"kdtree.tools.mma_ceiling: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(rows))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "mma_ceiling.json").write_text(json.dumps(rows, indent=1))
+        raise MachineError(f"kdtree.tools.mma_ceiling: {exc}") from None
+    click.echo(format_table(rows))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "mma_ceiling.json").write_text(json.dumps(rows, indent=1))
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.mma_ceiling")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

@@ -5,7 +5,7 @@ then ours on a random tree, ours on the chain, FA2 and FA3 on the chain are time
 each call queued behind an L2 wipe and a busy-wait (the benchmark's timer). Writes a JSON and a
 markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up FlashInfer).
 
-    python3 -m kdtree.tools.peers --out $OUT [--shapes issue|grid|quick] [--backends fa2,fa3] [--variant wgmma]
+    python3 -m kdtree.tools.peers [--out DIR] [--shapes issue|grid|quick] [--backends fa2,fa3] [--variant wgmma]
 
 ``--variant`` forces our kernel's variant (`kdtree.kernels.cuda_op.launch`), e.g. the Hopper
 wgmma variant while the default dispatch does not pick it yet.
@@ -13,18 +13,21 @@ wgmma variant while the default dispatch does not pick it yet.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import torch
 
-from kdtree.kernels import flashinfer_peer, tree_verify_mla
+from kdtree.cli_support import common_options
+from kdtree.kernels import cli, flashinfer_peer, tree_verify_mla
 from kdtree.tools.cases import case_args, make_pool, pool_slots_for, uniform_case
 from kdtree.tools.roofline import Shape, floor_seconds, grid
 from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
@@ -111,18 +114,22 @@ def markdown(rows: list[dict], facts: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", choices=("issue", "grid", "quick"), default="issue")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--pool-gb", type=float, default=8.0)
-    ap.add_argument("--budget-s", type=float, default=300.0)
-    ap.add_argument("--backends", default=",".join(flashinfer_peer.BACKENDS),
-                    help="comma-separated FlashInfer backends to time (fa2,fa3)")
-    ap.add_argument("--tag", default="", help="suffix of the output files (e.g. sm120smem)")
-    ap.add_argument("--variant", default=None, help="force our kernel's variant (launch_plan.VARIANTS, e.g. wgmma)")
-    args = ap.parse_args(argv)
+@click.command(context_settings=cli.CONTEXT, help=__doc__.splitlines()[0])
+@click.option("--out", default=lambda: os.environ.get("OUT", "."), show_default="$OUT or .",
+              help="output folder (JSON and markdown table)")
+@click.option("--shapes", type=click.Choice(("issue", "grid", "quick")), default="issue", show_default=True)
+@click.option("--reps", type=cli.POSITIVE_INT, default=20, show_default=True)
+@click.option("--pool-gb", type=cli.POSITIVE_FLOAT, default=8.0, show_default=True)
+@click.option("--budget-s", type=cli.POSITIVE_FLOAT, default=300.0, show_default=True)
+@click.option("--backends", default=",".join(flashinfer_peer.BACKENDS), show_default=True,
+              help="comma-separated FlashInfer backends to time (fa2,fa3)")
+@click.option("--tag", default="", help="suffix of the output files (e.g. sm120smem)")
+@click.option("--variant", default=None, help="force our kernel's variant (launch_plan.VARIANTS, e.g. wgmma)")
+@common_options
+def command(**options) -> int:
+    args = SimpleNamespace(**options)
+    argv = cli.invoked_argv()
+    cli.require_cuda("kdtree.tools.peers", "it times our kernel against FlashInfer's on the GPU")
     ours = tree_verify_mla
     if args.variant:
         from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                  flashinfer=flashinfer_peer.version() + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
                  variant=args.variant or "dispatch",
-                 argv=" ".join(["python -m kdtree.tools.peers"] + (argv or sys.argv[1:])))
+                 argv=" ".join(["python -m kdtree.tools.peers"] + argv))
     rows, started = [], time.time()
     for i, shape in enumerate(shapes_for(args.shapes)):
         if time.time() - started > args.budget_s:
@@ -164,5 +171,7 @@ def main(argv=None) -> int:
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.peers")
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -10,10 +10,12 @@ Counts, per request: the latent rows once ((L+T) * 1152 bytes), q read and out w
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
+import click
+
+from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 
 ROW_BYTES = 576 * 2  # one bf16 latent row
@@ -89,17 +91,19 @@ def markdown_table(shapes: list[Shape], bytes_per_s: float, flops_per_s: float) 
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kdtree.tools.roofline", description=__doc__.split("\n")[0])
-    parser.add_argument("--bw", type=cli.positive_float, default=H200_COPY_BYTES_PER_S,
-                        help="copy bandwidth, bytes/s (> 0)")
-    parser.add_argument("--flops", type=cli.positive_float, default=H200_BF16_FLOPS_PER_S,
-                        help="bf16 matmul rate, FLOP/s (> 0)")
-    parser.add_argument("--quick", action="store_true", help="the quick subset of the grid")
-    args = parser.parse_args(argv)
-    print(markdown_table(grid(args.quick), args.bw, args.flops))
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--bw", type=cli.POSITIVE_FLOAT, default=H200_COPY_BYTES_PER_S, show_default=True,
+              help="copy bandwidth, bytes/s (> 0)")
+@click.option("--flops", type=cli.POSITIVE_FLOAT, default=H200_BF16_FLOPS_PER_S, show_default=True,
+              help="bf16 matmul rate, FLOP/s (> 0)")
+@click.option("--quick", is_flag=True, help="the quick subset of the grid")
+@common_options
+def command(bw: float, flops: float, quick: bool) -> int:
+    click.echo(markdown_table(grid(quick), bw, flops))
     return 0
 
 
+main = cli.program(command, "python -m kdtree.tools.roofline")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import sys
 
+import click
 import torch
 
+from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 
 DONE_MARKER = "kdtree-sanitize-driver: done"
@@ -28,7 +30,10 @@ CASES = [  # (H, [(T_b, L_b)], tree kind): short prefixes, splits, mask words, r
 FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it would take one
 
 
-def main(argv=None) -> int:
+@click.command(context_settings=cli.CONTEXT, help=__doc__.splitlines()[0])
+@common_options
+def command() -> int:
+    cli.require_cuda("kdtree.tools.sanitize_driver", "it launches every kernel variant")
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
     from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
     from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
@@ -58,5 +63,7 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
+main = cli.program(command, "python -m kdtree.tools.sanitize_driver")
+
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(main())

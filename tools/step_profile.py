@@ -13,11 +13,16 @@ kernel shows up only as idle time (CUDA graphs remove the host part; phase 3).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
+from types import SimpleNamespace
+
+import click
+
+from kdtree.cli_support import MachineError, common_options
+from kdtree.kernels import cli
 
 
 def profile_step(setup, name: str, repeats: int = 10, top: int = 15) -> dict:
@@ -60,21 +65,21 @@ def profile_step(setup, name: str, repeats: int = 10, top: int = 15) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kdtree.tools.step_profile", description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="dsv3-tp8")
-    parser.add_argument("--context", type=int, action="append", dest="contexts", help="repeatable; default 4096")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--tree", type=int, default=64)
-    parser.add_argument("--backend", action="append", dest="backends")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
+@click.option("--preset", default="dsv3-tp8", show_default=True)
+@click.option("--context", "contexts", type=click.IntRange(0), multiple=True, help="repeatable; default 4096")
+@click.option("--batch", type=cli.POSITIVE_INT, default=2, show_default=True)
+@click.option("--tree", type=cli.POSITIVE_INT, default=64, show_default=True)
+@click.option("--backend", "backends", multiple=True)
+@click.option("--device", default="cuda", show_default=True)
+@click.option("--json", "json_path", help="also write the results to this file")
+@common_options
+def command(**options) -> int:
+    args = SimpleNamespace(**options)
     import torch  # noqa: PLC0415
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("step_profile: no CUDA device here; pass --device cpu for the CPU torch path", file=sys.stderr)
-        return 2
+        raise MachineError("step_profile: no CUDA device here; pass --device cpu for the CPU torch path")
     from kdtree.engine import build_model, preset  # noqa: PLC0415
     from kdtree.phases.phase2_work import VerifySetup  # noqa: PLC0415
 
@@ -91,11 +96,13 @@ def main(argv=None) -> int:
             for op in got["top_host_ops"][:10]:
                 print(f"    {op['self_cpu_ms']:8.3f} ms  {op['calls']:5d}x  {op['op']}")
         del setup
-    if args.json:
-        with open(args.json, "w") as fh:
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
             json.dump(results, fh, indent=1)
     return 0
 
+
+main = cli.program(command, "python -m kdtree.tools.step_profile")
 
 if __name__ == "__main__":
     sys.exit(main())

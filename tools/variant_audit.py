@@ -23,7 +23,6 @@ Writes variant_audit.json into --out (default $OUT or .).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -32,14 +31,18 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
+import click
 import torch
 
+from kdtree.cli_support import MachineError, common_options
 from kdtree.engine.backends import AttentionBackend, OpBackend, ReferenceBackend
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.speculative import Request, Runner
 from kdtree.engine.tree import TokenTree
+from kdtree.kernels import cli
 
 
 class ForcedVariantBackend(OpBackend):
@@ -208,25 +211,31 @@ def audit(model, prompts: Sequence[Sequence[int]], backends: dict[str, Attention
             "positions": {name: [asdict(d) for d in ds] for name, ds in drifts.items()}}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.tools.variant_audit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="ws,wgmma", help="comma-separated launch-plan variants to force")
-    ap.add_argument("--preset", default="tiny-long")
-    ap.add_argument("--seeds", type=int, default=2, help="fresh prompt draws")
-    ap.add_argument("--seed", type=int, action="append", default=[],
-                    help="draw the prompts from this seed (repeatable; e.g. a gate record's first seed) "
-                         "instead of fresh ones")
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per draw (phase 2's gate: 16)")
-    ap.add_argument("--long-prompts", type=int, default=2)
-    ap.add_argument("--long-len", type=int, default=32768)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--tree-nodes", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=20, help="reruns of each variant's verify step")
-    ap.add_argument("--show-narrow", type=int, default=4, help="print this many narrowest-margin positions")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    args = ap.parse_args(argv)
-
+@click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n\n")[0])
+@click.option("--variants", default="ws,wgmma", show_default=True, help="comma-separated launch-plan variants to force")
+@click.option("--preset", default="tiny-long", show_default=True)
+@click.option("--seeds", type=int, default=2, show_default=True, help="fresh prompt draws")
+@click.option("--seed", "seed", type=int, multiple=True,
+              help="draw the prompts from this seed (repeatable; e.g. a gate record's first seed) instead of fresh ones")
+@click.option("--prompts", type=int, default=16, show_default=True, help="prompts per draw (phase 2's gate: 16)")
+@click.option("--long-prompts", type=int, default=2, show_default=True)
+@click.option("--long-len", type=int, default=32768, show_default=True)
+@click.option("--new-tokens", type=int, default=32, show_default=True)
+@click.option("--tree-nodes", type=int, default=64, show_default=True)
+@click.option("--repeats", type=int, default=20, show_default=True, help="reruns of each variant's verify step")
+@click.option("--show-narrow", type=int, default=4, show_default=True,
+              help="print this many narrowest-margin positions")
+@click.option("--device", default="cuda", show_default=True)
+@click.option("--out", default=lambda: os.environ.get("OUT", "."), show_default="$OUT or .")
+@common_options
+def command(**options) -> int:
+    args = SimpleNamespace(**options)
+    args.seed = list(args.seed)
+    if args.device.startswith("cuda"):
+        cli.require_cuda("kdtree.tools.variant_audit", "it forces the CUDA kernel's variants")
+    elif args.variants:
+        raise MachineError(f"kdtree.tools.variant_audit: the variants {args.variants} are CUDA kernels; "
+                           f"--device {args.device} cannot run them (use --device cuda on the GPU machine)")
     from kdtree.engine import build_model, preset  # noqa: PLC0415
     from kdtree.phases.phase2_work import token_exact_prompts  # noqa: PLC0415
 
@@ -262,6 +271,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"wrote {out}")
     return 0
 
+
+main = cli.program(command, "python -m kdtree.tools.variant_audit")
 
 if __name__ == "__main__":
     sys.exit(main())

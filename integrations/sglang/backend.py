@@ -27,11 +27,15 @@
   so one capture serves every length up to max_context_len.
 
 Whether a batch is served is decided from shapes, dtypes and layer attributes on the host, never
-from values on the device; `kd_last_route` says which path the last call took and why.
+from values on the device; `kd_last_route` says which path the last call took and why. The
+``kdtree.integrations.sglang`` logger says it once per process: the first target-verify batch the
+kernel serves (variant, GPU, compute capability), and each distinct reason a target-verify batch
+goes to SGLang's own path.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, Optional
 
@@ -39,6 +43,8 @@ import torch
 
 from kdtree.integrations.sglang.converter import INT32_MAX, VerifyConverter
 from kdtree.kernels.contract import LATENT_DIM, MAX_HEADS, MAX_TREE_NODES, QK_DIM
+
+log = logging.getLogger("kdtree.integrations.sglang")
 
 
 def _unservable_backend(backend: Any) -> Optional[str]:
@@ -115,6 +121,9 @@ def make_backend_class(parent: type) -> type:
         graph_op = None
         #: layer calls served by the kernel, over all instances (the GPU kit test reads it)
         kd_kernel_calls = 0
+        #: what this class has logged (a fresh set per class): "kernel" after the first served batch,
+        #: and each reason a target-verify batch went to the parent
+        kd_logged: set = set()
 
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
@@ -127,6 +136,7 @@ def make_backend_class(parent: type) -> type:
             self._kd_plans: dict[tuple[int, int], tuple[str, int]] = {}
             self.kd_unservable = _unservable_backend(self)
             self.kd_last_route: tuple[str, str] = ("none", "no call yet")
+            self._kd_verify_skip: Optional[str] = None  # why the last target-verify batch was not converted
 
         # -- metadata ------------------------------------------------------------------------
         def _kd_converter_for(self, forward_batch, md) -> VerifyConverter:
@@ -148,10 +158,12 @@ def make_backend_class(parent: type) -> type:
         def init_forward_metadata(self, forward_batch):
             super().init_forward_metadata(forward_batch)
             self._kd_meta, self._kd_graph_bs = None, None
+            self._kd_verify_skip = self.kd_unservable
             if self.kd_unservable is not None or not forward_batch.forward_mode.is_target_verify():
                 return
             md = self.forward_metadata
             if md.custom_mask is None:
+                self._kd_verify_skip = "the batch has no custom (tree) mask"
                 return
             try:
                 self._kd_meta = self._kd_converter_for(forward_batch, md).convert(md.qo_indptr, md.kv_indptr, md.kv_indices,
@@ -159,6 +171,7 @@ def make_backend_class(parent: type) -> type:
             except ValueError as err:  # a batch the buffers were not sized for: the parent serves it
                 self._kd_meta = None
                 self.kd_last_route = ("parent", f"converter: {err}")
+                self._kd_verify_skip = f"converter: {err}"
 
         # -- CUDA graphs (SGLang's decode CUDA-graph runner) -----------------------------------
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
@@ -189,12 +202,14 @@ def make_backend_class(parent: type) -> type:
         def init_forward_metadata_in_graph(self, forward_batch):
             result = super().init_forward_metadata_in_graph(forward_batch)
             self._kd_meta, self._kd_graph_bs = None, None
+            self._kd_verify_skip = self.kd_unservable
             conv = self._kd_graph_converter
             if conv is None or not forward_batch.forward_mode.is_target_verify():
                 return result
             md = self.forward_metadata
             if md is None or getattr(md, "custom_mask", None) is None or getattr(md, "qo_indptr", None) is None:
                 self.kd_last_route = ("parent", "graph batch without a custom mask")
+                self._kd_verify_skip = "graph batch without a custom mask"
                 return result
             bs = md.qo_indptr.numel() - 1
             # SGLang packs the prefixes from index 0 of its (max_num_tokens x max_context_len) buffer:
@@ -206,6 +221,7 @@ def make_backend_class(parent: type) -> type:
                 self._kd_graph_bs = bs
             except ValueError as err:
                 self.kd_last_route = ("parent", f"graph converter: {err}")
+                self._kd_verify_skip = f"graph converter: {err}"
             return result
 
         def kd_graph_plan(self, bs: int, heads: int) -> tuple[str, int]:
@@ -226,6 +242,8 @@ def make_backend_class(parent: type) -> type:
             why = _unservable_call(self, q, k, v, layer, forward_batch, sinks, score_mod, aux_tensors)
             if why is not None:
                 self.kd_last_route = ("parent", why)
+                if forward_batch.forward_mode.is_target_verify():
+                    self._kd_log_fallback((self._kd_verify_skip or why) if self._kd_meta is None else why)
                 return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
                                               sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
             self.kd_last_route = ("kernel", "MLA target verify")
@@ -245,15 +263,49 @@ def make_backend_class(parent: type) -> type:
             args = (q.reshape(-1, heads, QK_DIM).contiguous(), buf.view(buf.shape[0], QK_DIM), meta.qo_indptr,
                     meta.kv_indptr, meta.kv_indices, meta.tree_mask, float(layer.scaling))
             if self._kd_graph_bs is None:
+                if "kernel" not in self.kd_logged:
+                    self._kd_log_kernel(q.device, meta, heads, _eager_variant(q.device, meta))
                 (self.verify_op or _kernel_op())(*args, out=out.view(-1, heads, LATENT_DIM))
             else:
                 variant, splits = self.kd_graph_plan(self._kd_graph_bs, heads)
+                if "kernel" not in self.kd_logged:
+                    self._kd_log_kernel(q.device, meta, heads, f"{variant} (CUDA graph, {splits} splits)")
                 (self.graph_op or _kernel_launch())(*args, out=out.view(-1, heads, LATENT_DIM), variant=variant,
                                                      num_splits=splits)
             return out
 
+        # -- what the server log says -------------------------------------------------------
+        def _kd_log_kernel(self, device, meta, heads: int, variant: str) -> None:
+            type(self).kd_logged.add("kernel")
+            _, capability = _device_facts(device)
+            requests = meta.qo_indptr.numel() - 1
+            log.info("kdtree kernel serves MLA target verify: variant %s on %s (compute capability %d.%d); "
+                     "first batch %d requests, %d draft tokens, %d heads", variant, _device_name(device),
+                     capability[0], capability[1], requests, meta.tree_mask.shape[0], heads)
+
+        def _kd_log_fallback(self, why: str) -> None:
+            if why not in self.kd_logged:
+                type(self).kd_logged.add(why)
+                log.info("kdtree: a target-verify batch goes to SGLang's Triton path: %s "
+                         "(logged once per reason)", why)
+
     KdtreeTritonAttnBackend.__qualname__ = KdtreeTritonAttnBackend.__name__
     return KdtreeTritonAttnBackend
+
+
+def _eager_variant(device, meta) -> str:
+    """The variant `kdtree.kernels.tree_verify_mla` dispatches for this batch (host shapes only)."""
+    from kdtree.kernels import launch_plan  # noqa: PLC0415
+
+    _, capability = _device_facts(device)
+    rows, requests = meta.tree_mask.shape[0], max(1, meta.qo_indptr.numel() - 1)
+    return launch_plan.variant_name(launch_plan.choose_variant(rows / requests, capability))
+
+
+def _device_name(device) -> str:
+    if getattr(device, "type", "cpu") != "cuda":
+        return "the CPU (no GPU)"
+    return torch.cuda.get_device_name(device)
 
 
 def _kernel_op():

@@ -5,7 +5,10 @@ before it builds attention backends; `register` replaces the registry's ``"trito
 one that builds `kdtree.integrations.sglang.backend.backend_class()`. Keeping the name
 ``triton`` keeps every ``attention_backend == "triton"`` check in SGLang true (graph runners,
 speculative workers, server-argument defaults), and the subclass hands everything but MLA target
-verify to SGLang's own code. ``KDTREE_SGLANG=0`` in the environment leaves SGLang untouched.
+verify to SGLang's own code. ``KDTREE_SGLANG=0`` in the environment leaves SGLang untouched;
+so does an ``SGLANG_PLUGINS`` list (SGLang's own allow-list of plugin names) without ``kdtree``.
+
+Each call logs one line to the ``kdtree.integrations.sglang`` logger: enabled or disabled, and why.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ from __future__ import annotations
 import logging
 import os
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kdtree.integrations.sglang")
 
 BACKEND_NAME = "triton"
+SWITCH = "KDTREE_SGLANG"
 
 
 def register() -> None:
     """Register the backend under SGLang's ``triton`` name (no-op with KDTREE_SGLANG=0)."""
-    if os.environ.get("KDTREE_SGLANG", "1") == "0":
-        log.info("kdtree: KDTREE_SGLANG=0, SGLang's triton backend left as is")
+    if os.environ.get(SWITCH, "1") == "0":
+        log.info("kdtree SGLang plugin disabled (%s=0): --attention-backend %s is SGLang's own", SWITCH,
+                 BACKEND_NAME)
         return
     from sglang.srt.layers.attention.attention_registry import register_attention_backend  # noqa: PLC0415
 
@@ -34,5 +39,6 @@ def register() -> None:
 
         return backend_class()(runner)
 
-    log.info("kdtree: --attention-backend %s serves MLA target verify with kdtree.kernels.tree_verify_mla",
-             BACKEND_NAME)
+    log.info("kdtree SGLang plugin enabled: --attention-backend %s runs MLA target verify (EAGLE trees, "
+             "page size 1) on the kdtree kernel, everything else on SGLang's Triton code; %s=0 turns it off",
+             BACKEND_NAME, SWITCH)

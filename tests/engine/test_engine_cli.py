@@ -44,3 +44,23 @@ def test_module_entry_point_runs():
                           "--drafter", "none", "--max-new-tokens", "4", "--json"],
                          capture_output=True, text=True, check=True)
     assert len(json.loads(out.stdout)["tokens"][0]) == 4
+
+
+def test_threads_sets_torchs_thread_count(monkeypatch):
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", seen.append)
+    args = ["generate", "--prompt-ids", "1,2,3", "--drafter", "none", "--max-new-tokens", "2", "--json"]
+    assert CliRunner().invoke(main, args + ["--threads", "1"]).exit_code == 0
+    assert seen == [1]
+    assert CliRunner().invoke(main, args).exit_code == 0 and seen == [1], "no --threads: torch's own choice"
+    assert CliRunner().invoke(main, args + ["--threads", "0"]).exit_code == 2
+
+
+def test_version_and_log_level():
+    from kdtree import __version__
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+    assert CliRunner().invoke(main, ["generate", "--log-level", "loud"]).exit_code == 2
