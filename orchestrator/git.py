@@ -1,15 +1,19 @@
-"""The one way the orchestrator calls git: the ``git`` program, through `subprocess`.
+"""The one way the orchestrator calls git: the ``git`` program, run through GitPython's command runner.
 
 Every git command the orchestrator runs goes through `run_git` (or `try_git`), from the folder
-the plan lives in (a repository root or a subproject of a monorepo). A failing command is a
-`GitError` carrying git's own message, never a traceback; `describe_commit_failure` turns the
-failures a user meets at ``git commit`` (no identity, a refusing hook) into what to do.
+the plan lives in (a repository root or a subproject of a monorepo). GitPython's `Git.execute`
+runs the real ``git`` (so the user's hooks, identity and configuration apply) and hands back
+stdout as bytes, untouched, which ``-z`` listings need; its object model is not used (see
+docs/design.md section 5). A failing command is a `GitError` carrying git's own message, never a
+traceback; `describe_commit_failure` turns the failures a user meets at ``git commit`` (no
+identity, a refusing hook) into what to do. GitPython is imported on the first git command, so
+importing the orchestrator stays light.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -28,12 +32,23 @@ class GitError(Refusal):
 def run_git(root: Path, *args: str, stdin: Optional[bytes] = None) -> bytes:
     """``git ARGS`` in ``root``; its stdout, or a `GitError` with git's message."""
     try:
-        out = subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True)
-    except OSError as exc:
-        raise GitError(args, None, f"{exc} (is git installed and on PATH?)") from None
-    if out.returncode != 0:
-        raise GitError(args, out.returncode, out.stderr.decode("utf-8", "replace"))
-    return out.stdout
+        from git.cmd import Git  # noqa: PLC0415
+        from git.exc import GitCommandNotFound  # noqa: PLC0415
+    except ImportError as exc:  # a broken GitPython install (e.g. no git found when it loads)
+        raise GitError(args, None, f"GitPython could not load: {exc} (is git installed and on PATH?)") from None
+    with tempfile.TemporaryFile() as istream:
+        if stdin is not None:
+            istream.write(stdin)
+            istream.seek(0)
+        try:
+            status, out, err = Git(str(root)).execute(
+                ["git", *args], istream=istream, with_extended_output=True, with_exceptions=False,
+                stdout_as_string=False, strip_newline_in_stdout=False)
+        except (GitCommandNotFound, OSError) as exc:
+            raise GitError(args, None, f"{exc} (is git installed and on PATH?)") from None
+    if status != 0:
+        raise GitError(args, status, err if isinstance(err, str) else err.decode("utf-8", "replace"))
+    return out
 
 
 def try_git(root: Path, *args: str, stdin: Optional[bytes] = None) -> Optional[bytes]:

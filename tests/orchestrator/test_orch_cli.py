@@ -19,7 +19,7 @@ try:
     main()
 except SystemExit as e:
     code = e.code
-heavy = sorted(m for m in ("torch", "triton", "git", "jinja2") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "triton", "jinja2") if m in sys.modules)
 print("HEAVY:", ",".join(heavy))
 sys.exit(code)
 """
