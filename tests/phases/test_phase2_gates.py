@@ -6,6 +6,7 @@ layout oracle for SGLang's Triton kernel, small contexts); the GPU run uses the 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kdtree.engine.backends import TorchBackend, dense_attention, register_backend
