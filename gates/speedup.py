@@ -42,7 +42,7 @@ from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.spec import SpeedupGateSpec
 from kdtree.gates.tensors import clone_tensors, flatten_tensors
 from kdtree.gates.timing import (  # noqa: F401 - re-exported: the timers belong to this gate's API
-    Spread, Timer, cuda_event_timer, default_timer, interleaved, perf_counter_timer, timer_label,
+    Spread, Timer, cuda_event_timer, default_timer, interleaved, perf_counter_timer, round_robin, timer_label,
 )
 
 
@@ -98,75 +98,128 @@ def _input_sets(cfg: SpeedConfig, trials: int, ctx: GateContext) -> tuple[list[A
     return sets, seeds
 
 
+def _agreement(spec: SpeedupGateSpec, sets: list[Any], fn, reference, agree) -> float:
+    """Worst disagreement of ``fn`` with ``reference`` over the input sets (NaN kept)."""
+    worst = 0.0
+    for inputs in sets:
+        # clone first: a reference writing into the same buffer must not make them agree trivially
+        out = clone_tensors(fn(inputs))
+        err = float(agree(out, reference(inputs)))
+        worst = err if math.isnan(err) else max(worst, err)
+    return worst
+
+
+def _finite(err: float) -> Optional[float]:
+    return None if math.isnan(err) or math.isinf(err) else err
+
+
+def _stale_message(name: str, err: float, spec: SpeedupGateSpec) -> str:
+    return (f"{name}: the candidate's last timed call disagrees with the baseline on the "
+            f"inputs it was given (rel-L2 {err:.3g} > {spec.agree_max_rel_l2:g}; the inputs "
+            f"were changed in place between rounds): it returned what it did not compute "
+            f"from them (a cache keyed on shapes or pointers?); its time does not count")
+
+
+def _roofline(row: dict[str, Any], name: str, median_s: float, floor: Optional[float],
+              spec: SpeedupGateSpec) -> None:
+    if floor is None:
+        return
+    row["floor_ms"] = floor * 1e3
+    row["roofline"] = floor / median_s if median_s > 0 else math.inf
+    if row["roofline"] > spec.max_roofline and row["status"] != "stale":  # stale: a wrong answer first
+        row["status"] = "impossible"
+        row["message"] = (f"{name}: measurement impossible: candidate median "
+                          f"{median_s * 1e3:.4g} ms is {row['roofline']:.3g}x its floor "
+                          f"{floor * 1e3:.4g} ms (> {spec.max_roofline:g}); check the timer")
+
+
 def _time_config(spec: SpeedupGateSpec, cfg: SpeedConfig, candidate, baseline, ctx: GateContext,
-                 timer: Timer, agree, floor_s) -> dict[str, Any]:
+                 timer: Timer, agree, floor_s, others: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
     sets, seeds = _input_sets(cfg, spec.trials, ctx)
     row: dict[str, Any] = {"config": cfg.name, "params": cfg.params, "seeds": seeds, "input_sets": len(sets),
                            "status": "ok", "agree_rel_l2": None, "last_call_rel_l2": None, "speedup": None,
                            "roofline": None}
+    other_rows: dict[str, dict[str, Any]] = {
+        name: {"status": "ok", "agree_rel_l2": None, "last_call_rel_l2": None, "speedup": None, "roofline": None}
+        for name in others}
+    if others:
+        row["others"] = other_rows
     with_baseline = not cfg.skip_baseline
     if with_baseline:
-        worst = 0.0
-        for inputs in sets:
-            # clone first: a baseline writing into the same buffer must not make them agree trivially
-            cand_out = clone_tensors(candidate(inputs))
-            err = float(agree(cand_out, baseline(inputs)))
-            worst = err if math.isnan(err) else max(worst, err)
-        row["agree_rel_l2"] = None if math.isnan(worst) or math.isinf(worst) else worst
+        worst = _agreement(spec, sets, candidate, baseline, agree)
+        row["agree_rel_l2"] = _finite(worst)
         if not worst <= spec.agree_max_rel_l2:
             row["status"] = "disagree"
             row["message"] = (f"{cfg.name}: candidate and baseline disagree (rel-L2 {worst:.3g} > "
                               f"{spec.agree_max_rel_l2:g}); its time does not count")
+            for orow in other_rows.values():
+                orow["status"] = "not timed"
+                orow["message"] = f"{cfg.name}: not timed: the candidate disagrees with the baseline"
             return row
     else:
         row["status"] = "baseline skipped"
         row["message"] = f"{cfg.name}: baseline not run ({cfg.skip_reason or 'no reason given'})"
+    # other candidates are held against the baseline, or against the candidate where the baseline is skipped
+    reference = baseline if with_baseline else candidate
+    for name, fn in others.items():
+        worst = _agreement(spec, sets, fn, reference, agree)
+        orow = other_rows[name]
+        orow["agree_rel_l2"] = _finite(worst)
+        if not worst <= spec.agree_max_rel_l2:
+            orow["status"] = "disagree"
+            orow["message"] = (f"{cfg.name} ({name}): disagrees with the "
+                               f"{'baseline' if with_baseline else 'candidate'} (rel-L2 {worst:.3g} > "
+                               f"{spec.agree_max_rel_l2:g}); its time does not count")
+    timed_others = [name for name in others if other_rows[name]["status"] == "ok"]
     refresh = cfg.refresh or refresh_floats_
     refresh_rng = ctx.fresh_seed()
-    last: dict[str, Any] = {}
+    last: dict[str, dict[str, Any]] = {}
 
     def before_round(i: int) -> None:  # every set was used by the agreement check or warm-up
         refresh(sets[i % len(sets)], (refresh_rng + i) & 0x7FFFFFFF)
 
-    def cand_call(i: int) -> Any:
-        last["out"], last["set"] = candidate(sets[i % len(sets)]), i % len(sets)
-        return last["out"]
+    def recording(key: str, fn):
+        def call(i: int) -> Any:
+            out = fn(sets[i % len(sets)])
+            last[key] = {"out": out, "set": i % len(sets)}
+            return out
+        return call
 
-    hosts: Optional[tuple[list[float], list[float]]] = ([], []) if hasattr(timer, "host_seconds") else None
-    tc, tb = interleaved(cand_call, (lambda i: baseline(sets[i % len(sets)])) if with_baseline else None,
-                         warmup=spec.warmup, repeats=spec.repeats, timer=timer, host=hosts, before=before_round)
-    last_out = clone_tensors(last["out"])
+    calls = [recording("", candidate)] + [recording(name, others[name]) for name in timed_others]
     if with_baseline:
-        err = float(agree(last_out, baseline(sets[last["set"]])))
-        row["last_call_rel_l2"] = None if math.isnan(err) or math.isinf(err) else err
+        calls.append(lambda i: baseline(sets[i % len(sets)]))
+    hosts: Optional[list[list[float]]] = [[] for _ in calls] if hasattr(timer, "host_seconds") else None
+    times = round_robin(calls, warmup=spec.warmup, repeats=spec.repeats, timer=timer, host=hosts,
+                        before=before_round)
+    sides = [("", row)] + [(name, other_rows[name]) for name in timed_others]
+    for key, side_row in sides:
+        if not with_baseline and key == "":
+            continue
+        got = clone_tensors(last[key]["out"])
+        err = float(agree(got, reference(sets[last[key]["set"]])))
+        side_row["last_call_rel_l2"] = _finite(err)
         if not err <= spec.agree_max_rel_l2:
-            row["status"] = "stale"
-            row["message"] = (f"{cfg.name}: the candidate's last timed call disagrees with the baseline on the "
-                              f"inputs it was given (rel-L2 {err:.3g} > {spec.agree_max_rel_l2:g}; the inputs "
-                              f"were changed in place between rounds): it returned what it did not compute "
-                              f"from them (a cache keyed on shapes or pointers?); its time does not count")
-    cand = Spread.of(tc)
-    row["candidate"] = cand.ms()
-    if with_baseline:
-        base = Spread.of(tb)
+            side_row["status"] = "stale"
+            side_row["message"] = _stale_message(cfg.name + (f" ({key})" if key else ""), err, spec)
+    base = Spread.of(times[-1]) if with_baseline else None
+    if base is not None:
         row["baseline"] = base.ms()
-        row["speedup"] = base.median / cand.median if cand.median > 0 else math.inf
-    if hosts is not None:
-        lead = getattr(timer, "lead_s", 0.0) or 0.0
-        for side, seconds in zip(("candidate", "baseline"), hosts):
-            if seconds:
-                row[f"{side}_host_us"] = statistics.median(seconds) * 1e6
-                if lead:
-                    row[f"{side}_lead_overruns"] = sum(h > lead for h in seconds)
     floor = floor_s(cfg) if floor_s is not None else None
-    if floor is not None:
-        row["floor_ms"] = floor * 1e3
-        row["roofline"] = floor / cand.median if cand.median > 0 else math.inf
-        if row["roofline"] > spec.max_roofline and row["status"] != "stale":  # stale: a wrong answer first
-            row["status"] = "impossible"
-            row["message"] = (f"{cfg.name}: measurement impossible: candidate median "
-                              f"{cand.median * 1e3:.4g} ms is {row['roofline']:.3g}x its floor "
-                              f"{floor * 1e3:.4g} ms (> {spec.max_roofline:g}); check the timer")
+    lead = getattr(timer, "lead_s", 0.0) or 0.0
+    for k, (key, side_row) in enumerate(sides):
+        spread = Spread.of(times[k])
+        side_row["candidate" if key == "" else "ms"] = spread.ms()
+        if base is not None:
+            side_row["speedup"] = base.median / spread.median if spread.median > 0 else math.inf
+        if hosts is not None and hosts[k]:
+            side_row["candidate_host_us" if key == "" else "host_us"] = statistics.median(hosts[k]) * 1e6
+            if lead:
+                side_row["candidate_lead_overruns" if key == "" else "lead_overruns"] = sum(h > lead for h in hosts[k])
+        _roofline(side_row, cfg.name + (f" ({key})" if key else ""), spread.median, floor, spec)
+    if hosts is not None and with_baseline and hosts[-1]:
+        row["baseline_host_us"] = statistics.median(hosts[-1]) * 1e6
+        if lead:
+            row["baseline_lead_overruns"] = sum(h > lead for h in hosts[-1])
     return row
 
 
@@ -174,10 +227,34 @@ def _agg(values: list[float], fn) -> float:
     return fn(values) if values else math.nan
 
 
+def _other_figures(name: str, rows: list[dict[str, Any]], spec: SpeedupGateSpec,
+                   with_roofline: bool) -> tuple[list[Figure], list[dict[str, Any]]]:
+    """The figures of other candidate ``name`` (prefixed ``name_``) and its rows that went wrong."""
+    sides = [r["others"][name] for r in rows if name in r.get("others", {})]
+    speedups = [s["speedup"] for s in sides if s["status"] in ("ok", "impossible") and s["speedup"] is not None]
+    rooflines = [s["roofline"] for s in sides if s["status"] in ("ok", "impossible") and s["roofline"] is not None]
+    bad = [s for s in sides if s["status"] in ("disagree", "stale", "impossible")]
+    figures = [
+        Figure(name=f"{name}_median_speedup", value=_agg(speedups, statistics.median), unit="x"),
+        Figure(name=f"{name}_min_speedup", value=_agg(speedups, min), unit="x"),
+        Figure(name=f"{name}_disagreeing_configs", value=sum(s["status"] == "disagree" for s in sides),
+               op="<=", threshold=0),
+        Figure(name=f"{name}_stale_configs", value=sum(s["status"] == "stale" for s in sides), op="<=", threshold=0),
+        Figure(name=f"{name}_configs_timed", value=len(speedups)),
+    ]
+    if rooflines or with_roofline:
+        figures += [Figure(name=f"{name}_median_roofline", value=_agg(rooflines, statistics.median)),
+                    Figure(name=f"{name}_min_roofline", value=_agg(rooflines, min)),
+                    Figure(name=f"{name}_max_roofline", value=_agg(rooflines, max), op="<=",
+                           threshold=spec.max_roofline)]
+    return figures, bad
+
+
 def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candidate: Callable[[Any], Any],
                   baseline: Callable[[Any], Any], ctx: GateContext, *, timer: Optional[Timer] = None,
                   agree: Optional[Callable[[Any, Any], float]] = None,
-                  floor_s: Optional[Callable[[SpeedConfig], Optional[float]]] = None) -> GateResult:
+                  floor_s: Optional[Callable[[SpeedConfig], Optional[float]]] = None,
+                  others: Optional[dict[str, Callable[[Any], Any]]] = None) -> GateResult:
     """Time every config (see the module docstring) and hold the speedups against the spec.
 
     Figures: ``median_speedup`` (key, ``>= spec.min_median_speedup``), ``min_speedup``
@@ -187,8 +264,21 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
     `QueuedTimer` ``candidate_host_us`` / ``baseline_host_us`` (median host time per call) and
     ``*_lead_overruns``), ``timer`` (its label), and then ``host_us_median`` (median over configs
     per side) and ``lead_overruns`` (calls per side whose host time exceeded the timer's lead).
+
+    ``others`` (name -> callable, same inputs and outputs as ``candidate``): more candidates timed
+    in the same rounds (``candidate, others..., baseline``), each held to the same protocol: its
+    outputs agree with the baseline's on every input set before its time counts and its last timed
+    call is checked. Each adds ``NAME_median_speedup`` / ``NAME_min_speedup`` (reported: the
+    spec's speedup thresholds hold the candidate only), ``NAME_disagreeing_configs`` and
+    ``NAME_stale_configs`` (must be 0: a wrong answer fails the gate), ``NAME_configs_timed`` and,
+    with a floor, ``NAME_median_roofline`` / ``NAME_min_roofline`` / ``NAME_max_roofline`` (an
+    impossible one is an ``error``). Its per-config rows are ``configs[i]["others"][NAME]``.
     """
     configs = list(configs)
+    others = dict(others or {})
+    for name in others:
+        if not name.isidentifier() or name in ("median", "min", "max", "disagreeing", "stale", "configs"):
+            raise ValueError(f"others: {name!r} cannot prefix figure names; use an identifier such as sm120_path")
     if not configs:
         return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR,
                           summary="no speedup configs were given: measured nothing")
@@ -200,7 +290,7 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
     rows = []
     for i, cfg in enumerate(configs):
         ctx.progress(f"speedup {cfg.name}", i / len(configs))
-        rows.append(_time_config(spec, cfg, candidate, baseline, ctx, timer, agree, floor_s))
+        rows.append(_time_config(spec, cfg, candidate, baseline, ctx, timer, agree, floor_s, others))
 
     counted = [r for r in rows if r["status"] in ("ok", "impossible")]
     stale = [r for r in rows if r["status"] == "stale"]
@@ -225,7 +315,12 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
                               op=">=" if spec.min_roofline_each else None, threshold=spec.min_roofline_each))
         figures.append(Figure(name="max_roofline", value=_agg(rooflines, max), op="<=",
                               threshold=spec.max_roofline))
-    messages = [r["message"] for r in impossible + stale + disagree
+    other_bad: list[dict[str, Any]] = []
+    for name in others:
+        more, bad = _other_figures(name, rows, spec, bool(rooflines) or wants_roofline)
+        figures += more
+        other_bad += bad
+    messages = [r["message"] for r in impossible + stale + disagree + other_bad
                 + [r for r in rows if r["status"] == "baseline skipped"]]
     details = {"configs": rows, "timer": timer_label(timer), "warmup": spec.warmup, "repeats": spec.repeats,
                "trials": spec.trials, "baseline": spec.baseline}
@@ -236,7 +331,7 @@ def check_speedup(spec: SpeedupGateSpec, configs: Iterable[SpeedConfig], candida
         overruns = [r[f"{side}_lead_overruns"] for r in rows if f"{side}_lead_overruns" in r]
         if overruns:
             details.setdefault("lead_overruns", {})[side] = sum(overruns)
-    if impossible:
+    if impossible or any(r["status"] == "impossible" for r in other_bad):
         return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR, figures=figures,
                           summary="; ".join(messages[:3]), details=details)
     summary = "; ".join(messages[:3])

@@ -221,6 +221,39 @@ class Spread:
         return {"median_ms": self.median * 1e3, "min_ms": self.min * 1e3, "max_ms": self.max * 1e3}
 
 
+def round_robin(calls: Sequence[Callable[[int], Any]], *, warmup: int, repeats: int, timer: Timer,
+                host: Optional[list[list[float]]] = None,
+                before: Optional[Callable[[int], Any]] = None) -> list[list[float]]:
+    """Warm up then time ``calls[0](i), calls[1](i), ..., calls[0](i+1), ...``; ``i`` counts the
+    round (to rotate among input sets). Returns one list of seconds per call, in `calls` order.
+    ``before(i)``, when given, runs untimed before timed round ``i`` (to change the inputs).
+
+    ``host``: one list per call that gets, call by call, the host seconds the timer recorded (the
+    last entry of its ``host_seconds``, as a `QueuedTimer` keeps)."""
+    if host is not None:
+        if not hasattr(timer, "host_seconds"):
+            raise ValueError(f"host: timer {timer_label(timer)!r} records no host_seconds")
+        if len(host) != len(calls):
+            raise ValueError(f"host: expected {len(calls)} lists (one per call), got {len(host)}")
+
+    def timed(fn: Callable[[int], Any], i: int, side: int) -> float:
+        seconds = float(timer(lambda: fn(i)))
+        if host is not None:
+            host[side].append(float(timer.host_seconds[-1]))  # type: ignore[attr-defined]
+        return seconds
+
+    for i in range(warmup):
+        for fn in calls:
+            fn(i)
+    times: list[list[float]] = [[] for _ in calls]
+    for i in range(repeats):
+        if before is not None:
+            before(i)
+        for side, fn in enumerate(calls):
+            times[side].append(timed(fn, i, side))
+    return times
+
+
 def interleaved(a: Callable[[int], Any], b: Callable[[int], Any] | None, *, warmup: int, repeats: int,
                 timer: Timer, host: Optional[tuple[list[float], list[float]]] = None,
                 before: Optional[Callable[[int], Any]] = None) -> tuple[list[float], list[float]]:
@@ -230,25 +263,7 @@ def interleaved(a: Callable[[int], Any], b: Callable[[int], Any] | None, *, warm
 
     ``host``: two lists that get, call by call, the host seconds the timer recorded for ``a`` and
     for ``b`` (the last entry of its ``host_seconds``, as a `QueuedTimer` keeps)."""
-    if host is not None and not hasattr(timer, "host_seconds"):
-        raise ValueError(f"host: timer {timer_label(timer)!r} records no host_seconds")
-
-    def timed(fn: Callable[[int], Any], i: int, side: int) -> float:
-        seconds = float(timer(lambda: fn(i)))
-        if host is not None:
-            host[side].append(float(timer.host_seconds[-1]))  # type: ignore[attr-defined]
-        return seconds
-
-    for i in range(warmup):
-        a(i)
-        if b is not None:
-            b(i)
-    ta: list[float] = []
-    tb: list[float] = []
-    for i in range(repeats):
-        if before is not None:
-            before(i)
-        ta.append(timed(a, i, 0))
-        if b is not None:
-            tb.append(timed(b, i, 1))
-    return ta, tb
+    calls = [a] if b is None else [a, b]
+    got = round_robin(calls, warmup=warmup, repeats=repeats, timer=timer,
+                      host=None if host is None else list(host)[: len(calls)], before=before)
+    return got[0], (got[1] if b is not None else [])

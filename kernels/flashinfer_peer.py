@@ -10,6 +10,15 @@ Nothing of FlashInfer is vendored: it is imported at run time from an installed 
 package ``__init__`` pulls in modules that machine lacks, so the MLA backend modules are imported
 beneath empty parent packages. Planning syncs the host (FlashInfer plans on the CPU), so a peer is
 planned once per input set with `FlashInferMLA.bind` and the returned call only launches.
+
+**FA2 as another GPU builds it** (``FlashInferMLA("fa2", smem_per_sm=...)``): FlashInfer's FA2 MLA
+picks its tile from the device's shared memory per SM (2 stages of 64 keys on Hopper's 233472 B,
+1 stage of 16 keys on sm_120's 102400 B). The limited peer is a second JIT module in the same
+process: FlashInfer's own build spec for the same arguments, renamed (``..._smem102400``) and
+compiled against an include tree whose ``attention/mla.cuh`` reads that figure instead of
+asking the device (`limited_include_tree`; every other header is a link to FlashInfer's), with
+FlashInfer's Python-side plan checks told the same limits while it plans. Both builds can then
+be timed interleaved against our kernel.
 """
 
 from __future__ import annotations
@@ -28,6 +37,11 @@ _MODULES = {
     "fa3": ("flashinfer.mla._batch_mla._backends.fa3_backend", "_BatchMLAPagedAttentionFa3Backend"),
 }
 _PARENTS = ("flashinfer", "flashinfer.mla", "flashinfer.mla._batch_mla")
+SM120_SMEM_PER_SM = 102400  # what an sm_120 device reports as shared memory per SM
+SM120_SMEM_PER_BLOCK = 101376  # its opt-in per-block maximum
+# The statement of FlashInfer 0.7.2's mla.cuh that asks the device for its shared memory per SM.
+SMEM_QUERY = "cudaDeviceGetAttribute(&smem_limit_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);"
+MLA_HEADER = ("flashinfer", "attention", "mla.cuh")
 
 
 class PeerUnavailable(RuntimeError):
@@ -66,20 +80,123 @@ def backend_class(backend: str):
     return getattr(module, cls_name)
 
 
-def unavailable_reason(backend: str, device=None) -> Optional[str]:
-    """None when ``backend`` can run on ``device``; else why not (for a record or a skip)."""
+def unavailable_reason(backend: str, device=None, smem_per_sm: Optional[int] = None) -> Optional[str]:
+    """None when ``backend`` can run on ``device`` (built for ``smem_per_sm`` bytes of shared memory
+    per SM when given: fa2 only); else why not (for a record or a skip)."""
     import torch  # noqa: PLC0415
 
+    if smem_per_sm is not None and backend != "fa2":
+        return f"{backend}: only fa2 can be built for another shared-memory size"
     if not torch.cuda.is_available():
         return "no CUDA device"
     try:
-        backend_class(backend)
+        cls = backend_class(backend)
+        if smem_per_sm is not None:
+            smem_limited_class(cls, smem_per_sm)
+            mla_header(_package_dir() / "data" / "include")
     except PeerUnavailable as exc:
         return str(exc)
     major, _ = torch.cuda.get_device_capability(device)
     if backend == "fa3" and major != 9:
         return f"fa3 needs sm_90a, this device is sm_{major}x"
     return None
+
+
+def patch_smem_query(text: str, smem_per_sm: int) -> str:
+    """mla.cuh's text with its shared-memory query replaced by ``smem_limit_per_sm = N;``.
+    Raises PeerUnavailable unless the query occurs exactly once (another FlashInfer version)."""
+    found = text.count(SMEM_QUERY)
+    if found != 1:
+        raise PeerUnavailable(f"FlashInfer's mla.cuh holds its shared-memory query {found} times, not once: "
+                              f"this FlashInfer cannot be built for {smem_per_sm} B per SM here (0.7.2 can)")
+    return text.replace(SMEM_QUERY, f"smem_limit_per_sm = {int(smem_per_sm)};")
+
+
+def mla_header(include_dir: Path) -> Path:
+    """FlashInfer's mla.cuh under its include dir; PeerUnavailable when it is not there."""
+    header = include_dir.joinpath(*MLA_HEADER)
+    if not header.is_file():
+        raise PeerUnavailable(f"FlashInfer's {'/'.join(MLA_HEADER)} is not under {include_dir}")
+    return header
+
+
+def limited_include_tree(include_dir: Path, dest: Path, smem_per_sm: int) -> Path:
+    """``dest``: FlashInfer's ``include_dir`` as links, except ``flashinfer/attention/mla.cuh``, a
+    copy built for ``smem_per_sm`` (`patch_smem_query`). Relative includes resolve inside the
+    tree, so every header sees the patched one. Built beside ``dest`` and renamed into place; an
+    existing tree whose header already holds the patch is reused."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    patched = patch_smem_query(mla_header(include_dir).read_text(), smem_per_sm)
+    have = dest.joinpath(*MLA_HEADER)
+    if have.is_file() and have.read_text() == patched:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    for entry in include_dir.iterdir():
+        if entry.name != MLA_HEADER[0]:
+            (tmp / entry.name).symlink_to(entry.resolve())
+    for entry in (include_dir / MLA_HEADER[0]).iterdir():
+        if entry.name != MLA_HEADER[1]:
+            (tmp / MLA_HEADER[0]).mkdir(exist_ok=True)
+            (tmp / MLA_HEADER[0] / entry.name).symlink_to(entry.resolve())
+    attention = tmp / MLA_HEADER[0] / MLA_HEADER[1]
+    attention.mkdir(parents=True)
+    for entry in (include_dir / MLA_HEADER[0] / MLA_HEADER[1]).iterdir():
+        if entry.name != MLA_HEADER[2]:
+            (attention / entry.name).symlink_to(entry.resolve())
+    (attention / MLA_HEADER[2]).write_text(patched)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def smem_limited_class(cls, smem_per_sm: int, smem_per_block: int = SM120_SMEM_PER_BLOCK):
+    """A subclass of FlashInfer's FA2 backend class whose plan builds and loads the module for a
+    device with ``smem_per_sm`` bytes of shared memory per SM (module docstring). Raises
+    PeerUnavailable when this FlashInfer lacks the hooks it relies on."""
+    import dataclasses  # noqa: PLC0415
+
+    backend_module = sys.modules.get(cls.__module__)
+    common = sys.modules.get(cls.__module__.rsplit(".", 1)[0] + "._fa_common")
+    try:
+        jit = importlib.import_module("flashinfer.jit")
+        jit_env = importlib.import_module("flashinfer.jit.env")
+    except ImportError as exc:
+        raise PeerUnavailable(f"flashinfer.jit: {exc}") from exc
+    needs = [(backend_module, "get_batch_mla_module"), (common, "_get_fa_shared_memory_limits"),
+             (jit, "gen_batch_mla_module"), (jit_env, "FLASHINFER_GEN_SRC_DIR")]
+    missing = [name for module, name in needs if module is None or not hasattr(module, name)]
+    if missing:
+        raise PeerUnavailable(f"this FlashInfer lacks {missing}: its FA2 cannot be built for {smem_per_sm} B per SM "
+                              f"here (0.7.2 can)")
+    include = Path(jit_env.FLASHINFER_GEN_SRC_DIR) / f"kdtree_include_smem{smem_per_sm}"
+    loaded: dict = {}
+
+    def limited_module(backend: str, *args):
+        if args not in loaded:
+            tree = limited_include_tree(_package_dir() / "data" / "include", include, smem_per_sm)
+            spec = jit.gen_batch_mla_module(backend, *args)
+            spec = dataclasses.replace(spec, name=f"{spec.name}_smem{smem_per_sm}",
+                                       extra_include_dirs=[tree, *(spec.extra_include_dirs or [])])
+            loaded[args] = spec.build_and_load()
+        return loaded[args]
+
+    class SmemLimited(cls):
+        def plan(self, *args, **kwargs):
+            saved = backend_module.get_batch_mla_module, common._get_fa_shared_memory_limits
+            backend_module.get_batch_mla_module = limited_module
+            common._get_fa_shared_memory_limits = lambda device: (smem_per_sm, smem_per_block)
+            try:
+                return super().plan(*args, **kwargs)
+            finally:
+                backend_module.get_batch_mla_module, common._get_fa_shared_memory_limits = saved
+
+    SmemLimited.__name__ = f"{cls.__name__}_smem{smem_per_sm}"
+    return SmemLimited
 
 
 def version() -> Optional[str]:
@@ -97,11 +214,16 @@ def version() -> Optional[str]:
 class FlashInferMLA:
     """One FlashInfer MLA backend bound to our op contract's tensors (causal chain mask)."""
 
-    def __init__(self, backend: str, device="cuda"):
+    def __init__(self, backend: str, device="cuda", smem_per_sm: Optional[int] = None):
         import torch  # noqa: PLC0415
 
+        if smem_per_sm is not None and backend != "fa2":
+            raise ValueError(f"smem_per_sm: only fa2 can be built for another shared-memory size, not {backend!r}")
         self.backend = backend
+        self.smem_per_sm = smem_per_sm
         self._cls = backend_class(backend)
+        if smem_per_sm is not None:
+            self._cls = smem_limited_class(self._cls, smem_per_sm)
         self.device = torch.device(device)
         self._workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
 

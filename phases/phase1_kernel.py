@@ -10,6 +10,10 @@ compute-sanitizer. The speed gates' targets say how far it is from the best in t
 (FlashInfer's mma.sync FA2 MLA kernel, the roofline) and block nothing: they are recorded and
 shown met / not met with the margin (docs/design.md, "Gates").
 
+The speed gate times two dispatches in the same rounds: the one this GPU makes (on Hopper the
+wgmma variant, held to FlashInfer's FA3) and the one compute capability 12.0 makes, forced under
+sm_120's shared-memory limit (`phase1_sm120`), held to FlashInfer's FA2 as sm_120 builds it.
+
 The checks live in `phase1_work`: each feeds a generic mechanism of `kdtree.gates` with this
 project's kernel, baselines, oracle and engine.
 """
@@ -23,6 +27,10 @@ from kdtree.gates.spec import (
 
 FA2 = "vs FlashInfer 0.7.2 FA2 MLA (mma.sync), causal chain, same shapes"
 FA3 = "vs FlashInfer 0.7.2 FA3 MLA (wgmma, sm_90a), causal chain, same shapes"
+SM120 = ("the sm_120 path (the variant compute capability 12.0 dispatches, forced on this GPU under sm_120's "
+         "101376-byte shared-memory limit; phase1_sm120)")
+FA2_SM120_SMEM = ("vs FlashInfer 0.7.2 FA2 MLA built as on sm_120 (told 102400 B of shared memory per SM: "
+                  "1 stage of 16 keys), causal chain, same shapes")
 
 SPEC = PhaseSpec(
     id="phase1",
@@ -41,7 +49,7 @@ SPEC = PhaseSpec(
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
     inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
             "phases/phase1_coverage.py", "phases/phase1_tokens.py", "phases/phase1_trees.py", "phases/phase1_cases.py",
-            "phases/phase1_peers.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
+            "phases/phase1_peers.py", "phases/phase1_sm120.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
     gates=[
         BuildGateSpec(
             name="build", requires=["nvcc"], archs=["sm_90", "sm_120"],
@@ -100,6 +108,10 @@ SPEC = PhaseSpec(
                 Target(figure="median_roofline", op=">=", value=0.75,
                        note="fraction of the roofline floor reached, median, on Hopper with the wgmma variant "
                             "(issue 17)"),
+                Target(figure="sm120_path_fa2_sm120smem_median_speedup", op=">=", value=1.5, unit="x",
+                       note=SM120 + " " + FA2_SM120_SMEM + ", median (issue 30)"),
+                Target(figure="sm120_path_median_speedup", op=">=", value=10.0, unit="x",
+                       note=SM120 + " vs the Triton baseline (SGLang's Triton path), median (issue 30)"),
                 Target(figure="median_roofline", op=">=", value=0.36, note="fraction of the roofline floor reached, median"),
                 Target(figure="median_speedup", op=">=", value=20.0, unit="x", note="the threshold until issue 15, kept as a target"),
                 Target(figure="min_speedup", op=">=", value=5.0, unit="x", note="the threshold until issue 15, kept as a target"),
@@ -108,7 +120,15 @@ SPEC = PhaseSpec(
             ],
             description="vs kdtree.kernels.triton_baseline, interleaved, over the benchmark configs at "
                         "L >= 32k: at least 3x on every config; the FlashInfer FA2 ratios and the "
-                        "roofline fractions are targets"),
+                        "roofline fractions are targets. Two dispatches are timed in the same rounds: this "
+                        "GPU's and the sm_120 path (the variant compute capability 12.0 picks, forced; "
+                        "figures sm120_path_*), which must agree with the baseline on every config "
+                        "(sm120_path_disagreeing_configs, sm120_path_stale_configs = 0) and launch nothing "
+                        "over sm_120's 101376 B of shared memory (sm120_path_smem_bytes); its ratios to "
+                        "FlashInfer FA2 as built for this GPU (sm120_path_fa2_*) and its fraction of the "
+                        "mma.sync ceiling measured in the same run (sm120_path_median_mma_ceiling) are "
+                        "reported, its ratios to FA2 built with sm_120's shared memory and to Triton are "
+                        "targets"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
             min_median_speedup=1.5, min_each_speedup=1.0, trials=3,

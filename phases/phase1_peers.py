@@ -14,22 +14,37 @@ the targets read "not measured".
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from kdtree.gates.base import Figure, GateContext, GateResult
 
 
+def _peer_figures(name: str, rows: list, by_name: dict, bound: set) -> list[Figure]:
+    tc = [r["speedup"] for r in rows if r.get("config") in bound and r.get("speedup") is not None]
+    return [Figure(name=f"{name}_median_speedup", value=by_name.get("median_speedup"), unit="x"),
+            Figure(name=f"{name}_min_speedup", value=by_name.get("min_speedup"), unit="x"),
+            Figure(name=f"{name}_min_speedup_tc", value=min(tc) if tc else None, unit="x")]
+
+
 def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, op: Callable,
-                     timer, floor_s, backend: str = "fa2", tensor_bound: Callable = lambda cfg: True) -> None:
-    """Time ``op`` against FlashInfer's ``backend`` on the chains of ``configs``; add its figures."""
+                     timer, floor_s, backend: str = "fa2", tensor_bound: Callable = lambda cfg: True, *,
+                     others: Optional[dict[str, Callable]] = None, smem_per_sm: Optional[int] = None,
+                     label: Optional[str] = None, prefix: str = "") -> None:
+    """Time ``op`` against FlashInfer's ``backend`` on the chains of ``configs``; add its figures
+    ``{prefix}{label}_median_speedup``, ``_min_speedup`` and ``_min_speedup_tc`` (``label``:
+    the backend's name unless given). ``others`` (name -> op) are timed in the same rounds and add
+    ``{name}_{label}_*``. ``smem_per_sm``: FlashInfer built as a device with that much shared
+    memory per SM would build it (`kdtree.kernels.flashinfer_peer`)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import flashinfer_peer  # noqa: PLC0415
 
-    reason = flashinfer_peer.unavailable_reason(backend)
+    label = label or backend
+    key = prefix + label
+    reason = flashinfer_peer.unavailable_reason(backend, smem_per_sm=smem_per_sm)
     if reason is not None:
-        result.details[backend] = f"not measured: FlashInfer {backend.upper()} MLA unavailable here ({reason})"
+        result.details[key] = f"not measured: FlashInfer {label.upper()} MLA unavailable here ({reason})"
         return
-    peer = flashinfer_peer.FlashInferMLA(backend)
+    peer = flashinfer_peer.FlashInferMLA(backend, smem_per_sm=smem_per_sm)
     args = ("q", "kv_cache", "qo_indptr", "kv_indptr", "kv_indices", "tree_mask", "sm_scale")
 
     def chained(cfg: SpeedConfig) -> SpeedConfig:
@@ -41,18 +56,26 @@ def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, 
             return case
         return SpeedConfig(name=cfg.name, params=cfg.params, make_inputs=make_inputs, refresh=cfg.refresh)
 
+    def call(fn: Callable) -> Callable:
+        return lambda c: fn(*(c[k] for k in args))
+
+    others = dict(others or {})
     peer_spec = spec.model_copy(update={"min_median_speedup": 0.0, "min_each_speedup": 0.0})
-    ctx.progress(f"timing FlashInfer {backend.upper()} MLA (chain) against the kernel", None)
-    peer_result = check_speedup(peer_spec, [chained(c) for c in configs],
-                                lambda c: op(*(c[k] for k in args)), lambda c: c["peer_call"](), ctx,
-                                timer=timer, floor_s=floor_s)
+    ctx.progress(f"timing FlashInfer {label.upper()} MLA (chain) against the kernel", None)
+    peer_result = check_speedup(peer_spec, [chained(c) for c in configs], call(op), lambda c: c["peer_call"](),
+                                ctx, timer=timer, floor_s=floor_s,
+                                others={name: call(fn) for name, fn in others.items()})
     by_name = {f.name: f.value for f in peer_result.figures}
     rows = peer_result.details.get("configs") or []
     bound = {c.name for c in configs if tensor_bound(c)}
-    tc = [r["speedup"] for r in rows if r.get("config") in bound and r.get("speedup") is not None]
-    result.figures += [Figure(name=f"{backend}_median_speedup", value=by_name.get("median_speedup"), unit="x"),
-                       Figure(name=f"{backend}_min_speedup", value=by_name.get("min_speedup"), unit="x"),
-                       Figure(name=f"{backend}_min_speedup_tc", value=min(tc) if tc else None, unit="x")]
-    result.details[backend] = {"flashinfer": flashinfer_peer.version(), "outcome": peer_result.outcome.value,
-                               "summary": peer_result.summary, "tensor_bound_configs": sorted(bound),
-                               "configs": rows}
+    result.figures += _peer_figures(key, rows, by_name, bound)
+    for name in others:
+        other_rows = [{"config": r.get("config"), **(r.get("others") or {}).get(name, {})} for r in rows]
+        ok_rows = [r for r in other_rows if r.get("status") == "ok"]
+        result.figures += _peer_figures(
+            f"{name}_{key}", ok_rows,
+            {"median_speedup": by_name.get(f"{name}_median_speedup"), "min_speedup": by_name.get(f"{name}_min_speedup")},
+            bound)
+    result.details[key] = {"flashinfer": flashinfer_peer.version(), "outcome": peer_result.outcome.value,
+                           "summary": peer_result.summary, "tensor_bound_configs": sorted(bound),
+                           "smem_per_sm": smem_per_sm, "others": sorted(others), "configs": rows}

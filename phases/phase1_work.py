@@ -252,12 +252,32 @@ def refresh_queries(case: dict, seed: int) -> None:
     case["q"].normal_(generator=torch.Generator(device=case["q"].device).manual_seed(seed))
 
 
-def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> GateResult:
+def _device_smem(device) -> dict[str, int]:
+    """Variant -> dynamic shared memory of the extension this CUDA device loads."""
+    import torch  # noqa: PLC0415
+
+    from kdtree.phases.phase1_sm120 import extension_smem_bytes  # noqa: PLC0415
+
+    return extension_smem_bytes(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_fn=None,
+           mma_ceiling=None, smem_of=None, sm120_smem_per_sm=None) -> GateResult:
     """Kernel (or `candidate_fn`, same signature) vs baseline, each call timed by `_gpu_timer`, so
     the gate compares GPU time (host enqueue time is reported per side in the details). Queries
-    are redrawn in place between timed rounds (`refresh_queries`)."""
+    are redrawn in place between timed rounds (`refresh_queries`).
+
+    Against the Triton baseline it times two dispatches in the same rounds: this device's and the
+    sm_120 path (`phase1_sm120`: `sm120_fn`, default `sm120_path`), each against FlashInfer FA2
+    (the sm_120 path also against FA2 built with sm_120's shared memory per SM) and the default
+    against FA3; then the mma.sync ceiling (`mma_ceiling`: a callable returning its rows, default
+    `kdtree.tools.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
+    launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
+    from kdtree.kernels.flashinfer_peer import SM120_SMEM_PER_SM  # noqa: PLC0415
+    from kdtree.phases.phase1_sm120 import (  # noqa: PLC0415
+        PREFIX as SM120, add_mma_ceiling_figures, hold_smem, sm120_path, variants_by_config)
     from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
     from kdtree.tools.roofline import Shape, floor_seconds  # noqa: PLC0415
     from kdtree.tools.timing import measure_ceilings  # noqa: PLC0415
@@ -266,6 +286,9 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
         from kdtree.kernels.triton_baseline import tree_verify_mla_triton as baseline_fn  # noqa: PLC0415
     else:
         from kdtree.kernels.naive import tree_verify_mla_naive as baseline_fn  # noqa: PLC0415
+    sm120_op = sm120_fn or sm120_path
+    smem_of = smem_of or _device_smem
+    sm120_smem_per_sm = sm120_smem_per_sm or SM120_SMEM_PER_SM
     ctx.progress("measuring copy bandwidth and bf16 matmul rate", None)
     bw, rate = measure_ceilings()
     pool = _Pool(2.0 if ctx.quick else 8.0).tensor
@@ -279,10 +302,13 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
     configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
     op = candidate_fn or tree_verify_mla
     floor_s = lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate)  # noqa: E731
+    with_sm120 = baseline_name == "triton"
+    others = {SM120: lambda c: sm120_op(*case_args(c))} if with_sm120 else None
     result = check_speedup(spec, configs, lambda c: op(*case_args(c)),
-                           lambda c: baseline_fn(*case_args(c)), ctx, timer=_gpu_timer(), floor_s=floor_s)
+                           lambda c: baseline_fn(*case_args(c)), ctx, timer=_gpu_timer(), floor_s=floor_s,
+                           others=others)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
-    if baseline_name == "triton":
+    if with_sm120:
         from kdtree.phases.phase1_peers import add_peer_figures  # noqa: PLC0415
         from kdtree.tools.roofline import floors  # noqa: PLC0415
 
@@ -290,8 +316,15 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None) -> Gat
             byte_s, flop_s = floors(Shape(**cfg.params), bw, rate)
             return flop_s >= byte_s
 
-        for backend in ("fa2", "fa3"):
-            add_peer_figures(result, spec, configs, ctx, op, _gpu_timer(), floor_s, backend, tensor_bound)
+        timer = _gpu_timer()
+        add_peer_figures(result, spec, configs, ctx, op, timer, floor_s, "fa2", tensor_bound,
+                         others={SM120: sm120_op})
+        add_peer_figures(result, spec, configs, ctx, op, timer, floor_s, "fa3", tensor_bound)
+        add_peer_figures(result, spec, configs, ctx, sm120_op, timer, floor_s, "fa2", tensor_bound,
+                         smem_per_sm=sm120_smem_per_sm, label="fa2_sm120smem", prefix=f"{SM120}_")
+        ctx.progress("measuring the mma.sync ceiling", None)
+        add_mma_ceiling_figures(result, configs, bw, measure=mma_ceiling)
+        hold_smem(result, variants_by_config(configs), smem_of(ctx.device))
     return result
 
 

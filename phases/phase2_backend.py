@@ -6,7 +6,9 @@ matches SGLang's own Triton kernel on SGLang-format inputs; one whole verify ste
 DeepSeek-V3-shaped model (16 heads = one TP-8 shard, kv_lora_rank 512, rope 64) is faster on the
 kernel backend than on the Triton backend at 4k, 32k and 128k; and end-to-end speculative decoding
 is faster at 32k and 128k. Thresholds (here, in the spec) say the phase is done; `TARGETS` are the
-issue's goals, recorded and shown, never blocking.
+issue's goals, recorded and shown, never blocking. Both speed gates also run the sm_120 path
+(`phase1_sm120`: the variant compute capability 12.0 dispatches, forced) in the same rounds and
+report its speedups as ``sm120_path_*``; the thresholds and targets hold the default dispatch.
 
 The checks live in `phase2_work`.
 """
@@ -34,6 +36,7 @@ SPEC = PhaseSpec(
     versions=["torch", "triton", "nvcc", "sglang"],  # recorded with every run, besides python and the orchestrator
     inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/phase2_backend.py", "phases/phase2_work.py", "phases/phase1_tokens.py", "phases/phase1_trees.py",
+            "phases/phase1_sm120.py",
             "gates/**/*.py"],
     gates=[
         TokenExactGateSpec(
@@ -61,7 +64,8 @@ SPEC = PhaseSpec(
                         "time (CUDA events, each step queued behind a 30 ms GPU busy-wait so that the Python "
                         "enqueue is hidden, as in a CUDA-graph replay); eager wall-clock ratios "
                         "(eager_speedup_*), step time broken down (attention, conversion, rest) and the SGLang "
-                        "converter's share of one kernel call in the details"),
+                        "converter's share of one kernel call in the details; the sm_120 path's step timed in "
+                        "the same rounds (sm120_path_speedup_*, reported; it must agree too)"),
         MetricGateSpec(
             name="decode_speedup", requires=["cuda", "triton"],
             thresholds=[
@@ -71,7 +75,8 @@ SPEC = PhaseSpec(
             ],
             description="end-to-end DDTree speculative decoding (budget 64, 24 new tokens) of the dsv3-tp8 "
                         "model, decode tokens/s after one shared prefill, kernel backend / Triton backend, "
-                        "interleaved, at L = 32k (B=2) and 128k (B=1); both emit the same tokens"),
+                        "interleaved, at L = 32k (B=2) and 128k (B=1); both emit the same tokens; the sm_120 path "
+                        "decoded in the same rounds (sm120_path_decode_speedup_*, reported)"),
     ],
 )
 

@@ -29,7 +29,23 @@ DECODE_NEW_TOKENS = 24
 # so the Python enqueue of ~270 launches stays out of the figure, as in a CUDA-graph replay.
 STEP_LEAD_S = 0.03
 
+# The sm_120 path (`phase1_sm120`: the variant compute capability 12.0 dispatches, forced) as an
+# engine backend: verify_speedup and decode_speedup report it beside the default dispatch (figures
+# sm120_path_*); the thresholds and targets hold the default dispatch.
+SM120_BACKEND = "kernel-sm120-path"
+SM120 = "sm120_path"
+
 _models: dict[tuple, Any] = {}
+
+
+def sm120_backend() -> str:
+    """Register (once) and name the engine backend whose every op call takes the sm_120 path."""
+    from kdtree.engine import backends  # noqa: PLC0415
+
+    if SM120_BACKEND not in backends.known_backends():
+        backends.register_backend(SM120_BACKEND, lambda: backends.OpBackend(
+            SM120_BACKEND, "kdtree.phases.phase1_sm120", "sm120_path"))
+    return SM120_BACKEND
 
 
 def _model(preset_name: str, device: str):
@@ -388,21 +404,27 @@ def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16,
 
 def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, contexts=VERIFY_CONTEXTS,
                          batch: int = VERIFY_BATCH, budget: int = TREE_BUDGET, device: str = "cuda",
-                         backends=("kernel", "triton"), with_converter: bool = True) -> GateResult:
+                         backends=("kernel", "triton"), with_converter: bool = True,
+                         sm120: Optional[str] = "default") -> GateResult:
     """A whole verify step of the model (all layers' attention plus the rest), kernel backend vs
-    Triton backend, interleaved in one process, at each context; step time broken down per backend."""
+    Triton backend, interleaved in one process, at each context; step time broken down per backend.
+    ``sm120`` names the backend of the sm_120 path, timed in the same rounds and reported as
+    ``sm120_path_*`` ("default": `sm120_backend()`; None: not timed)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.gates.timing import cuda_event_timer, default_timer  # noqa: PLC0415
 
     model = _model(preset_name, device)
     cand_name, base_name = backends
+    sm120_name = sm120_backend() if sm120 == "default" else sm120
+    runners = tuple(backends) + ((sm120_name,) if sm120_name else ())
+    others = {SM120: lambda s: s.step(sm120_name)} if sm120_name else None
     setups: dict[int, VerifySetup] = {}
 
     def make(context):
         def inputs(seed, dev):
             setups.pop(context, None)
             setups.clear()  # one pool at a time
-            setups[context] = VerifySetup(model, context, batch, budget, seed, backends)
+            setups[context] = VerifySetup(model, context, batch, budget, seed, runners)
             return setups[context]
         return SpeedConfig(name=f"L{context_label(context)} B{batch} T{budget}", make_inputs=inputs,
                            refresh=lambda setup, seed: setup.refresh(seed),
@@ -419,7 +441,8 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     for cfg in configs:  # one config per check_speedup call: its pool is freed before the next
         ctx.progress(f"verify step {cfg.name}", None)
         timer = cuda_event_timer(lead_s=STEP_LEAD_S) if str(device).startswith("cuda") else default_timer(device)
-        res = check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx, timer=timer)
+        res = check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx, timer=timer,
+                            others=others)
         if setups:
             after_each(cfg.params["L"], next(iter(setups.values())))
         results.append(res)
@@ -446,6 +469,7 @@ def _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, context
     for row in rows:
         if row.get("speedup") is not None:
             figures.append(Figure(name=f"speedup_{context_label(row['params']['L'])}", value=row["speedup"], unit="x"))
+    figures += _sm120_verify_figures(rows)
     for label, per_backend in breakdown.items():
         for name, parts in per_backend.items():
             figures.append(Figure(name=f"attention_share_{name}_{label}", value=parts["attention_share"]))
@@ -466,6 +490,25 @@ def _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, context
         return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.ERROR, figures=figures,
                           summary="; ".join(r.summary for r in errors), details=details)
     return verdict(spec.name, spec.kind, figures, summary, **details)
+
+
+def _sm120_verify_figures(rows: list[dict[str, Any]]) -> list[Figure]:
+    """The sm_120 path's verify-step figures (reported), where it was timed: per context
+    ``sm120_path_speedup_<L>`` and the median over contexts; a disagreeing or stale one fails."""
+    sides = [(row, row["others"][SM120]) for row in rows if SM120 in (row.get("others") or {})]
+    if not sides:
+        return []
+    ok = [(row, side) for row, side in sides if side.get("status") == "ok" and side.get("speedup") is not None]
+    figures = [Figure(name=f"{SM120}_speedup_{context_label(row['params']['L'])}", value=side["speedup"], unit="x")
+               for row, side in ok]
+    figures += [
+        Figure(name=f"{SM120}_median_speedup", value=statistics.median(s["speedup"] for _, s in ok) if ok else None,
+               unit="x"),
+        Figure(name=f"{SM120}_disagreeing_configs", value=sum(s.get("status") == "disagree" for _, s in sides),
+               op="<=", threshold=0),
+        Figure(name=f"{SM120}_stale_configs", value=sum(s.get("status") == "stale" for _, s in sides),
+               op="<=", threshold=0)]
+    return figures
 
 
 def context_label(context: int) -> str:
@@ -530,11 +573,16 @@ def timed_decode(model, prompts: list[list[int]], backends: tuple[str, ...], dra
 
 def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, runs=DECODE_RUNS,
                          new_tokens: int = DECODE_NEW_TOKENS, device: str = "cuda", backends=("kernel", "triton"),
-                         drafter: str = "ddtree", budget: int = TREE_BUDGET) -> GateResult:
-    """End-to-end speculative decode tokens/s, kernel vs Triton backend, same prompts, same start state."""
+                         drafter: str = "ddtree", budget: int = TREE_BUDGET,
+                         sm120: Optional[str] = "default") -> GateResult:
+    """End-to-end speculative decode tokens/s, kernel vs Triton backend, same prompts, same start state.
+    ``sm120`` names the backend of the sm_120 path, decoded in the same rounds and reported as
+    ``sm120_path_decode_speedup_<L>`` against the Triton backend ("default": `sm120_backend()`;
+    None: not run); the thresholds and targets hold the default dispatch."""
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     model = _model(preset_name, device)
+    sm120_name = sm120_backend() if sm120 == "default" else sm120
     rng = random.Random(ctx.fresh_seed())
     figures: dict[str, float] = {}
     details: dict[str, Any] = {"drafter": drafter, "budget": budget, "new_tokens": new_tokens, "preset": preset_name,
@@ -543,9 +591,14 @@ def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     for context, batch in runs:
         ctx.progress(f"decode at L={context} B={batch}: prefill, then {'/'.join(backends)} interleaved", None)
         prompts = [_prompt(model.config.vocab_size, context, rng) for _ in range(batch)]
-        got = timed_decode(model, prompts, backends, drafter, budget, new_tokens)
+        got = timed_decode(model, prompts, tuple(backends) + ((sm120_name,) if sm120_name else ()), drafter, budget,
+                           new_tokens, prefill_backend=backends[0])
         cand, base = (got["tokens_per_s"][n] for n in backends)
         label = context_label(context)
+        if sm120_name:
+            figures[f"{SM120}_decode_speedup_{label}"] = got["tokens_per_s"][sm120_name] / base
+            figures[f"{SM120}_tokens_per_s_{label}"] = got["tokens_per_s"][sm120_name]
+            figures[f"{SM120}_same_tokens_{label}"] = float(got["tokens"][sm120_name] == got["tokens"][backends[0]])
         figures[f"decode_speedup_{label}"] = cand / base
         figures[f"{backends[0]}_tokens_per_s_{label}"] = cand
         figures[f"{backends[1]}_tokens_per_s_{label}"] = base

@@ -298,3 +298,62 @@ def test_gpu_cuda_event_timer_is_the_default_on_cuda():
     assert r.details["timer"] == "cuda_event"
     assert r.outcome is Outcome.PASSED, r.summary
     assert r.details["configs"][0]["input_sets"] == spec.trials
+
+
+class OthersBench(Bench):
+    """A Bench with another candidate "o" that costs 1.5 s per call (candidate 1 s, baseline 3 s)."""
+
+    def __init__(self, other_scale=1.0, other_cache=False):
+        super().__init__()
+        self.other_scale, self.other_cache, self._memo = other_scale, other_cache, {}
+
+    def other(self, inputs):
+        self.calls.append(("o", inputs["set"], self._timing))
+        if self.other_cache:
+            return self._memo.setdefault(inputs["set"], inputs["x"].clone() * 2)
+        return inputs["x"] * 2 * self.other_scale
+
+    def timer(self, fn):
+        self._timing = True
+        fn()
+        self._timing = False
+        return {"c": 1.0, "o": 1.5, "b": 3.0}[self.calls[-1][0]]
+
+
+def test_other_candidates_are_timed_in_the_same_rounds_with_their_own_figures():
+    b = OthersBench()
+    r = check_speedup(SPEC, [config("a"), config("b", 1)], b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      others={"second": b.other})
+    assert r.outcome is Outcome.PASSED, r.summary
+    timed = [who for who, _, timing in b.calls if timing]
+    assert timed == ["c", "o", "b"] * SPEC.repeats * 2  # interleaved: candidate, other, baseline per round
+    assert fig(r, "median_speedup").value == pytest.approx(3.0)
+    assert fig(r, "second_median_speedup").value == pytest.approx(2.0)
+    assert fig(r, "second_min_speedup").threshold is None  # reported: the spec's thresholds hold the candidate
+    assert fig(r, "second_disagreeing_configs").value == 0 and fig(r, "second_configs_timed").value == 2
+    assert r.details["configs"][0]["others"]["second"]["ms"]["median_ms"] == pytest.approx(1500.0)
+
+
+def test_a_wrong_other_candidate_fails_the_gate_and_its_time_does_not_count():
+    b = OthersBench(other_scale=1.3)
+    r = check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      others={"second": b.other})
+    assert r.outcome is Outcome.FAILED
+    assert fig(r, "second_disagreeing_configs").value == 1 and fig(r, "second_median_speedup").value is None
+    assert fig(r, "median_speedup").value == pytest.approx(3.0)  # the candidate's figures stand
+    assert not [who for who, _, timing in b.calls if timing and who == "o"]
+    assert "second" in r.summary
+
+
+def test_an_other_candidate_that_answers_from_a_cache_is_stale():
+    b = OthersBench(other_cache=True)
+    r = check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      others={"second": b.other})
+    assert r.outcome is Outcome.FAILED and fig(r, "second_stale_configs").value == 1
+
+
+def test_other_candidate_names_must_prefix_figures():
+    b = OthersBench()
+    with pytest.raises(ValueError, match="prefix figure names"):
+        check_speedup(SPEC, [config("a")], b.candidate, b.baseline, GateContext(), timer=b.timer,
+                      others={"sm-120": b.other})

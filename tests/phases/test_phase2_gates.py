@@ -6,6 +6,7 @@ layout oracle for SGLang's Triton kernel, small contexts); the GPU run uses the 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kdtree.engine.backends import TorchBackend, dense_attention, register_backend
@@ -123,11 +124,11 @@ def test_sglang_parity_is_skipped_not_passed_without_sglang():
 
 
 # -- verify_speedup ------------------------------------------------------------------------------
-def _verify_speed(backends, **thresholds):
+def _verify_speed(backends, sm120=None, **thresholds):
     spec = _spec("verify_speedup", warmup=1, repeats=3, **thresholds)
     return run_check(spec, lambda s, c: phase2_work.check_verify_speedup(
         s, c, preset_name="tiny", contexts=(64, 200), batch=2, budget=8, device="cpu", backends=backends,
-        with_converter=False), CTX)
+        with_converter=False, sm120=sm120), CTX)
 
 
 def test_verify_speedup_measures_the_step_and_its_breakdown():
@@ -136,6 +137,33 @@ def test_verify_speedup_measures_the_step_and_its_breakdown():
     parts = result.details["step_breakdown_ms"]["64"]["torch"]
     assert parts["step_ms"] > 0 and 0 < parts["attention_share"] <= 1.5
     assert {"speedup_64", "speedup_200", "attention_share_torch_200"} <= {f.name for f in result.figures}
+
+
+@pytest.mark.slow
+def test_verify_speedup_reports_the_sm120_path_beside_the_default():
+    # on the CPU the engine's torch backend stands in for the forced sm_120 path
+    result = _verify_speed(("torch", "reference"), sm120="torch", min_median_speedup=1e-3, min_each_speedup=1e-3)
+    assert result.outcome is Outcome.PASSED, result.summary
+    figs = {f.name: f for f in result.figures}
+    assert figs["sm120_path_speedup_64"].value > 0 and figs["sm120_path_speedup_200"].value > 0
+    assert figs["sm120_path_median_speedup"].threshold is None  # reported, the default is held
+    assert figs["sm120_path_disagreeing_configs"].value == 0
+    assert "sm120_path" in result.details["configs"][0]["others"]
+
+
+@pytest.mark.slow
+def test_verify_speedup_fails_a_broken_sm120_path():
+    result = _verify_speed(("torch", "reference"), sm120="test-leaky", min_median_speedup=1e-3, min_each_speedup=1e-3)
+    assert result.outcome is Outcome.FAILED
+    figs = {f.name: f.value for f in result.figures}
+    assert figs["sm120_path_disagreeing_configs"] == 2 and figs["disagreeing_configs"] == 0
+
+
+def test_the_sm120_backend_runs_the_forced_path():
+    from kdtree.engine.backends import get_backend
+
+    backend = get_backend(phase2_work.sm120_backend())
+    assert backend._where == ("kdtree.phases.phase1_sm120", "sm120_path")
 
 
 def test_verify_speedup_fails_a_candidate_that_disagrees():
@@ -151,13 +179,24 @@ def test_verify_speedup_fails_a_candidate_that_is_not_faster():
 
 
 # -- decode_speedup ------------------------------------------------------------------------------
-def _decode(backends, bound=1e-3):
+def _decode(backends, bound=1e-3, sm120=None):
     spec = _spec("decode_speedup", thresholds=[
         Threshold(figure="decode_speedup_48", op=">=", value=bound, unit="x"),
         Threshold(figure="same_tokens", op="==", value=1.0)])
     return run_check(spec, lambda s, c: phase2_work.check_decode_speedup(
         s, c, preset_name="tiny", runs=((48, 2),), new_tokens=4, device="cpu", backends=backends,
-        drafter="ddtree", budget=8), CTX)
+        drafter="ddtree", budget=8, sm120=sm120), CTX)
+
+
+@pytest.mark.slow
+def test_decode_speedup_reports_the_sm120_path_beside_the_default():
+    result = _decode(("torch", "reference"), sm120="torch")
+    assert result.outcome is Outcome.PASSED, result.summary
+    figs = {f.name: f for f in result.figures}
+    assert figs["sm120_path_decode_speedup_48"].value > 0 and figs["sm120_path_decode_speedup_48"].threshold is None
+    assert figs["sm120_path_same_tokens_48"].value == 1.0
+    assert "kernel-sm120-path" not in result.details["runs"][0]["tokens_per_s"]  # the stand-in ran, not the GPU path
+    assert set(result.details["runs"][0]["tokens_per_s"]) == {"torch", "reference"}
 
 
 def test_decode_speedup_passes_two_exact_backends():

@@ -30,7 +30,25 @@ def test_thresholds_are_the_phases_and_the_issues_targets_are_set():
     assert SPEC.gate("replay_speedup").min_replay_speedup == 1.2
     targets = {t.figure: (t.op, t.value) for g in SPEC.gates for t in g.targets}
     assert targets == {"replay_speedup_b1": (">=", 1.5), "captured_launch_loss_max": ("<=", 0.05),
-                       "mask_buffer_ratio_128k": (">=", 100.0)}
+                       "packed_mask_ratio_128k": (">=", 100.0)}  # the verify mask's bytes (issue 30)
+
+
+def test_the_buffer_target_is_held_on_the_verify_masks_bytes_and_the_whole_buffers_stay_reported():
+    from kdtree.gates.base import Figure, GateResult, Outcome
+    from kdtree.orchestrator.targets import evaluate_target
+
+    (target,) = SPEC.gate("capture_clean").targets
+    assert "mask_buffer_ratio_128k" in target.note and "reported" in target.note
+    rows = phase3_work.buffer_comparison()
+    packed = min(r["mask_only_ratio"] for r in rows)
+    whole = min(r["ratio"] for r in rows)
+    assert packed > 1000 and whole < 100  # ~2056x and ~4x: the target reads the first
+    result = GateResult(gate="capture_clean", kind="metric", outcome=Outcome.PASSED,
+                        figures=[Figure(name="packed_mask_ratio_128k", value=packed),
+                                 Figure(name="mask_buffer_ratio_128k", value=whole)])
+    assert evaluate_target("capture_clean", target, result).status == "met"
+    result.figures[0] = Figure(name="packed_mask_ratio_128k", value=whole)  # a mask as big as the buffers
+    assert evaluate_target("capture_clean", target, result).status == "not met"
 
 
 def test_buffer_comparison_is_sglangs_mask_over_our_buffers():

@@ -33,7 +33,7 @@ def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeyp
     from kdtree.kernels import flashinfer_peer
     from kdtree.phases.phase1_peers import add_peer_figures
 
-    monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None: "no flashinfer")
+    monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: "no flashinfer")
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.FAILED)
     add_peer_figures(result, phase1_kernel.SPEC.gate("speedup"), [], GateContext(device="cpu"),
                      op=None, timer=None, floor_s=None, backend=backend)
@@ -49,8 +49,8 @@ def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(
     from kdtree.kernels import flashinfer_peer
     from kdtree.phases.phase1_peers import add_peer_figures
 
-    monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None: None)
-    monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", lambda backend: SimpleNamespace(bind=None))
+    monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: None)
+    monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", lambda backend, smem_per_sm=None: SimpleNamespace(bind=None))
     monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.7.2")
     rows = [{"config": "small", "speedup": 0.6}, {"config": "big", "speedup": 0.9}, {"config": "bigger", "speedup": 1.2}]
     peer = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED, details={"configs": rows},
