@@ -174,11 +174,16 @@ def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_in
     if plan is None:
         plan = cached_plan(problem, num_kv, state.sm_count, state.capability)
     ws_o, ws_lse = state.workspace_ptrs
-    return LaunchParams(q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_layout[0],
-                        tree_mask.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
-                        problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
-                        plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index),
-                        *kv_layout[1:])
+    # tuple.__new__: the named constructor's argument binding would cost more than the rest of this
+    return _new_params(LaunchParams, (
+        q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_layout[0],
+        tree_mask.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
+        problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
+        plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index),
+        kv_layout[1], kv_layout[2], kv_layout[3]))
+
+
+_new_params = tuple.__new__
 
 
 def _run(state: DeviceState, params: LaunchParams) -> None:

@@ -10,6 +10,10 @@ its 36 KB load or by its MMAs):
 where waves(s) = ceil(CTAs * s / (SMs * CTAs per SM)). Counting whole waves is the point: a grid
 of 136 one-CTA-per-SM blocks on 132 SMs takes two full tile sweeps, not 1.03 (measured on the
 H200: H64 T4 B1 L32k with 17 splits ran at half the rate of the same kernel on full waves).
+
+`plan` / `plan_bucket` return a `LaunchPlan` for a device (or its `DeviceFacts`) that a caller
+holds and hands to ``cuda_op.launch(..., plan=...)``; `plan_launch` / `plan_for_bucket` are the
+same from an SM count and capability.
 """
 
 from __future__ import annotations
