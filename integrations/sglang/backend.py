@@ -216,8 +216,10 @@ def make_backend_class(parent: type) -> type:
                 from kdtree.kernels import plan_bucket  # noqa: PLC0415
 
                 device = self.token_to_kv_pool.get_key_buffer(0).device
+                if getattr(device, "type", "cpu") != "cuda":
+                    device = CPU_PLAN_DEVICE
                 self._kd_plans[key] = plan_bucket(bs, self._kd_graph_converter.max_tree, self._kd_graph_context, heads,
-                                                  device if getattr(device, "type", "cpu") == "cuda" else CPU_PLAN_DEVICE)
+                                                  device)
             return self._kd_plans[key]
 
         # -- attention -----------------------------------------------------------------------

@@ -233,8 +233,10 @@ def test_a_held_plan_of_the_calls_shapes_and_device_passes():
     (dict(num_heads=H + 1), f"made for {H + 1} heads, the call has {H}"),
     (dict(batch=1), "made for 1 requests, the call has 4"),
     (dict(mask_words=1), "made for 1 mask words per row, the call has 2"),
-    (dict(device=DeviceFacts(78, (9, 0))), "made for sm_90 with 78 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
-    (dict(device=DeviceFacts(132, (12, 0))), "made for sm_120 with 132 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
+    (dict(device=DeviceFacts(78, (9, 0))),
+     "made for sm_90 with 78 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
+    (dict(device=DeviceFacts(132, (12, 0))),
+     "made for sm_120 with 132 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
     (dict(device=DeviceFacts(132, (9, 0), 101376)),
      "made for 101376 B shared memory per block, the device offers 232448 B"),
 ])
