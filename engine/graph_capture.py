@@ -18,7 +18,7 @@ KV goes to one scratch slot nobody reads, all with the same token and position s
 is the same bytes); requests past the batch have no rows and no keys (the kernel's CTAs for them
 exit at once). Buckets' context sizes are powers of two from `MIN_CONTEXT` (capped at the model's
 positions), so a captured launch serves lengths from half its bucket to all of it with the split
-count `kdtree.kernels.launch_plan.plan_for_bucket` weighs for that range (shorter prefixes of a
+count `kdtree.kernels.plan_bucket` weighs for that range (shorter prefixes of a
 bucket's smallest size are served too, with that plan).
 
 A step outside every bucket (too many requests, a bigger tree, a prefix past the model's
@@ -38,6 +38,7 @@ from kdtree.engine.metadata import AttentionMetadata
 from kdtree.kernels.contract import LATENT_DIM, MAX_TREE_NODES
 
 if TYPE_CHECKING:
+    from kdtree.kernels.launch_plan import LaunchPlan
     from kdtree.engine.kv_pool import KVPool
     from kdtree.engine.model import MLAModel
     from kdtree.engine.speculative import Request, Runner
@@ -139,19 +140,20 @@ def tree_mask_from_parent_rows(parent_row: torch.Tensor, node: torch.Tensor, wor
 
 
 class BucketKernelBackend(AttentionBackend):
-    """The kernel for verify with a bucket's fixed launch plan; output rows no request owns are zero."""
+    """The kernel for verify with a bucket's fixed launch plan (`kdtree.kernels.plan_bucket`), run
+    as it is; output rows no request owns are zero."""
 
     requires_cuda = True
 
-    def __init__(self, variant: str, num_splits: int):
-        self.name, self.variant, self.num_splits = "kernel-graph", variant, num_splits
+    def __init__(self, plan: "LaunchPlan"):
+        self.name, self.plan = "kernel-graph", plan
 
     def forward_verify(self, q, kv_cache, meta, sm_scale):
         from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
 
         out = torch.zeros(q.shape[0], q.shape[1], LATENT_DIM, dtype=q.dtype, device=q.device)
         return launch(q, kv_cache, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
-                      float(sm_scale), out=out, variant=self.variant, num_splits=self.num_splits, padded_rows=True)
+                      float(sm_scale), out=out, plan=self.plan, padded_rows=True)
 
     def forward_extend(self, q, kv_cache, meta, sm_scale):
         raise RuntimeError("a verify graph runs verify attention only")
@@ -247,19 +249,15 @@ class VerifyGraphs:
     def buffer_bytes(self) -> int:
         return sum(graph_buffer_bytes(b, self.model.config.vocab_size) for b in self.graphs)
 
-    def plan(self, bucket: Bucket):
+    def plan(self, bucket: Bucket) -> "LaunchPlan":
         """The kernel launch plan a bucket's graph is captured with."""
-        from kdtree.kernels import cuda_op, launch_plan  # noqa: PLC0415
+        from kdtree.kernels import plan_bucket  # noqa: PLC0415
 
-        state = cuda_op.device_state(self.model.device.index or 0)
-        return launch_plan.plan_for_bucket(bucket.batch, bucket.tree, bucket.context, self.model.config.num_heads,
-                                           state.sm_count, state.capability)
+        return plan_bucket(bucket.batch, bucket.tree, bucket.context, self.model.config.num_heads,
+                           self.model.device.index or 0)
 
     def backend_for(self, bucket: Bucket) -> BucketKernelBackend:
-        from kdtree.kernels.launch_plan import variant_name  # noqa: PLC0415
-
-        plan = self.plan(bucket)
-        return BucketKernelBackend(variant_name(plan.variant), plan.num_splits)
+        return BucketKernelBackend(self.plan(bucket))
 
     def _capture(self, bucket: Bucket) -> _Captured:
         dev = self.model.device

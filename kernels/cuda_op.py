@@ -2,16 +2,18 @@
 
 The launch plan (how many KV splits, which row tile; `kdtree.kernels.launch_plan`) is chosen
 from tensor *shapes* only, so a call never synchronises the device and can be captured in a CUDA
-graph. `launch` is the internal entry point: the op contract plus ``variant`` and
-``num_splits``, which force the plan's choices for tests and measurements (the tools'
-``--variant`` / ``--splits``); nothing on the launch path reads the process environment.
+graph. `launch` is the internal entry point: the op contract plus ``plan`` (a `LaunchPlan` made
+beforehand, e.g. a CUDA-graph bucket's, run as it is once it is checked against the call's shapes
+and device) or ``variant`` and ``num_splits``, which force the plan's choices for tests and
+measurements (the tools' ``--variant`` / ``--splits``); nothing on the launch path reads the
+process environment. The extension takes one `LaunchParams` (pointers, sizes, plan, stream).
 Split partials go to a per-device workspace allocated once, on the first call for that device:
 warm up before capture.
 Pass `out` (and `lse`) to make a call allocation-free.
 
 The host path is kept cheap (it is most of an eager call on small shapes): what a device offers
-(SM count, capability, extension, workspace) is looked up once per device index, plans are
-memoised, and `launch_args` does the rest; `kdtree.tools.host_path_bench` times it on the CPU.
+(`kdtree.kernels.device_facts`, extension, workspace) is looked up once per device index, plans
+are memoised, and `launch_args` does the rest; `kdtree.tools.host_path_bench` times it on the CPU.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from kdtree.kernels.contract import LATENT_DIM, Problem, validate
+from kdtree.kernels.device_facts import DeviceFacts, device_facts
 from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
 from kdtree.kernels.runs import KVRuns
 
 _PLAN_CACHE_SIZE = 4096
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_device_cache: dict[int, tuple[int, tuple[int, int]]] = {}  # index -> (SM count, capability)
 _extensions: dict[tuple[int, int], object] = {}
 _plans: dict[tuple, LaunchPlan] = {}
 
@@ -38,9 +40,45 @@ class DeviceState(NamedTuple):
     index: int
     sm_count: int
     capability: tuple[int, int]
-    ext: object  # the extension module: ext.run(*launch_args(...))
+    ext: object  # the extension module: ext.run(launch_args(...))
     workspace_ptrs: tuple[int, int]  # split partials (out rows, lse), kept alive by _workspaces
     stream: Callable[[int], int]  # device index -> its current raw cudaStream_t
+    shared_memory_per_block_optin: Optional[int] = None  # None: not known
+
+    @property
+    def facts(self) -> DeviceFacts:
+        """The device's facts, as a `LaunchPlan` records the ones it was made for."""
+        return DeviceFacts(self.sm_count, self.capability, self.shared_memory_per_block_optin)
+
+
+class LaunchParams(NamedTuple):
+    """The extension's one argument (``ext.run(params)``): the kernel's parameters packed in the
+    order of the extension's ``launch_fields`` (csrc/bindings.cpp). Exactly one KV layout is set:
+    ``kv_indices`` (one slot per key) with the run pointers 0, or the three run pointers
+    (`kdtree.kernels.runs.KVRuns`) with ``kv_indices`` 0."""
+
+    q: int
+    kv: int
+    qo_indptr: int
+    kv_indptr: int
+    kv_indices: int
+    tree_mask: int
+    out: int
+    lse: int  # 0: no lse
+    ws_o: int
+    ws_lse: int
+    total_rows: int
+    num_heads: int
+    batch: int
+    mask_words: int
+    num_splits: int
+    grid_y: int
+    variant: int
+    sm_scale: float
+    stream: int
+    kv_run_indptr: int = 0
+    kv_run_start: int = 0
+    kv_run_pos: int = 0
 
 
 _device_states: dict[int, DeviceState] = {}
@@ -60,25 +98,21 @@ def _current_device_getter() -> Callable[[], int]:
 _current_device = _current_device_getter()
 
 
-def _device_facts(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    facts = _device_cache.get(index)
-    if facts is None:
-        props = torch.cuda.get_device_properties(index)
-        facts = _device_cache[index] = (props.multi_processor_count, (props.major, props.minor))
-    return index, facts[0], facts[1]
-
-
 def _extension(device_index: int):
-    cap = _device_cache[device_index][1] if device_index in _device_cache else \
-        torch.cuda.get_device_capability(device_index)
+    cap = device_facts(device_index).capability
     if cap not in _extensions:
         if cap < (8, 0):
             raise RuntimeError(f"the tree-verify kernel needs sm_80 or newer (mma.sync bf16, cp.async); "
                                f"device {device_index} is sm_{cap[0]}{cap[1]}")
         from kdtree.kernels.jit import arch_for_capability, load_extension  # noqa: PLC0415
 
-        _extensions[cap] = load_extension([arch_for_capability(cap)])
+        ext = load_extension([arch_for_capability(cap)])
+        fields = tuple(getattr(ext, "launch_fields", ()))
+        if fields != LaunchParams._fields:
+            raise RuntimeError(f"the loaded extension ({getattr(ext, '__file__', ext)}) takes launch fields "
+                               f"{fields}, kdtree.kernels.cuda_op.LaunchParams has {LaunchParams._fields}: "
+                               "it was built from other sources; clear the JIT cache ($KDTREE_CACHE_DIR)")
+        _extensions[cap] = ext
     return _extensions[cap]
 
 
@@ -99,11 +133,12 @@ def device_state(index: int) -> DeviceState:
     state = _device_states.get(index)
     if state is None:
         device = torch.device("cuda", index)
-        _, sm_count, capability = _device_facts(device)
+        facts = device_facts(index)
         ext = _extension(index)
         ws_o, ws_lse = _workspace(index, device)
-        state = _device_states[index] = DeviceState(index, sm_count, capability, ext,
-                                                    (ws_o.data_ptr(), ws_lse.data_ptr()), _raw_stream_getter())
+        state = _device_states[index] = DeviceState(index, facts.sm_count, facts.capability, ext,
+                                                    (ws_o.data_ptr(), ws_lse.data_ptr()), _raw_stream_getter(),
+                                                    facts.shared_memory_per_block_optin)
     return state
 
 
@@ -124,46 +159,64 @@ def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[
 
 
 def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
-                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float,
+                kv_indptr: torch.Tensor, kv_indices: Optional[torch.Tensor], tree_mask: torch.Tensor, sm_scale: float,
                 out: torch.Tensor, lse: Optional[torch.Tensor], state: DeviceState,
-                variant: Optional[str] = None, num_splits: Optional[int] = None,
-                kv_runs: Optional[KVRuns] = None) -> tuple:
-    """The argument tuple of `state.ext.run` for a validated call (pointers, sizes, plan, stream);
-    with `kv_runs`, that of `state.ext.run_runs` (kv_indices None, the run pointers appended)."""
-    num_kv = kv_indices.numel() if kv_runs is None else kv_runs.num_kv
-    plan = cached_plan(problem, num_kv, state.sm_count, state.capability, variant, num_splits)
-    ws_o, ws_lse = state.workspace_ptrs
-    args = (q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(),
-            kv_indices.data_ptr() if kv_runs is None else 0, tree_mask.data_ptr(), out.data_ptr(),
-            lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
-            problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
-            plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index))
+                plan: Optional[LaunchPlan] = None, kv_runs: Optional[KVRuns] = None) -> LaunchParams:
+    """The `LaunchParams` of `state.ext.run` for a validated call (pointers, sizes, plan, stream):
+    the indices path, or with `kv_runs` the runs path (kv_indices unused, the run pointers set).
+    ``plan`` (checked by the caller) is run as it is; None: the memoised plan of these shapes."""
     if kv_runs is None:
-        return args
-    return args + (kv_runs.indptr.data_ptr(), kv_runs.start.data_ptr(), kv_runs.pos.data_ptr())
+        kv_layout = (kv_indices.data_ptr(), 0, 0, 0)
+        num_kv = kv_indices.numel()
+    else:
+        kv_layout = (0, kv_runs.indptr.data_ptr(), kv_runs.start.data_ptr(), kv_runs.pos.data_ptr())
+        num_kv = kv_runs.num_kv
+    if plan is None:
+        plan = cached_plan(problem, num_kv, state.sm_count, state.capability)
+    ws_o, ws_lse = state.workspace_ptrs
+    # tuple.__new__: the named constructor's argument binding would cost more than the rest of this
+    return _new_params(LaunchParams, (
+        q.data_ptr(), kv_cache.data_ptr(), qo_indptr.data_ptr(), kv_indptr.data_ptr(), kv_layout[0],
+        tree_mask.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0, ws_o, ws_lse,
+        problem.num_rows * problem.num_heads, problem.num_heads, problem.batch, problem.mask_words,
+        plan.num_splits, plan.grid_y, plan.variant, float(sm_scale), state.stream(state.index),
+        kv_layout[1], kv_layout[2], kv_layout[3]))
 
 
-_RUN_ARGS = 19  # `ext.run`'s arguments; `ext.run_runs` takes three more
+_new_params = tuple.__new__
 
 
-def _run(state: DeviceState, args: tuple) -> None:
-    fn = state.ext.run_runs if len(args) > _RUN_ARGS else state.ext.run
+def _run(state: DeviceState, params: LaunchParams) -> None:
     if state.index == _current_device():
-        fn(*args)
+        state.ext.run(params)
     else:
         with torch.cuda.device(state.index):
-            fn(*args)
+            state.ext.run(params)
+
+
+def check_plan(plan: LaunchPlan, problem: Problem, state: DeviceState) -> None:
+    """Raise ValueError unless `plan` was made for this call's shapes and device (`LaunchPlan.mismatch`)."""
+    if not isinstance(plan, LaunchPlan):
+        raise ValueError(f"plan: expected a kdtree.kernels.LaunchPlan (kdtree.kernels.plan / plan_bucket), "
+                         f"got {type(plan).__name__}")
+    why = plan.mismatch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, state.facts)
+    if why is not None:
+        raise ValueError(f"plan: {why} (device {state.index}); make the plan for this call's shapes on this "
+                         f"device: {plan!r}")
 
 
 def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
            kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-           variant: Optional[str] = None, num_splits: Optional[int] = None,
+           variant: Optional[str] = None, num_splits: Optional[int] = None, plan: Optional[LaunchPlan] = None,
            padded_rows: bool = False, kv_runs: Optional[KVRuns] = None) -> torch.Tensor:
-    """The op contract with the launch plan's choices open: ``variant`` (a name of
-    `launch_plan.VARIANTS`) and ``num_splits`` force them (None: chosen from the shapes).
+    """The op contract with the launch plan open: ``plan`` (`kdtree.kernels.plan` /
+    `plan_bucket`) is run as it is, after a check that it was made for this call's shapes (q rows,
+    heads, requests, mask words) and device (a ValueError naming what differs otherwise); without
+    one, the plan is made from the shapes, with ``variant`` (a name of `launch_plan.VARIANTS`) and
+    ``num_splits`` forcing its choices (None: chosen from the shapes). Pass a plan or those, not both.
 
-    ``padded_rows`` (CUDA-graph buckets, `launch_plan.plan_for_bucket`): q may have rows past
+    ``padded_rows`` (CUDA-graph buckets, `launch_plan.plan_bucket`): q may have rows past
     ``qo_indptr[B]`` that no request owns. With several splits the combine pass would merge
     their never-written partials; their partial lse is cleared first, so those rows come out
     0 (lse -inf). With one split the kernel leaves them as the caller set them.
@@ -174,19 +227,24 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     Never synchronises the device; after the first call on a device it allocates nothing but
     `out`, and only when none is passed.
     """
+    if plan is not None and (variant is not None or num_splits is not None):
+        raise ValueError("plan: pass a plan or variant / num_splits, not both (the plan holds its variant and "
+                         "split count: kdtree.kernels.plan(..., variant=..., num_splits=...))")
     problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse,
                        kv_runs=kv_runs)
     if not q.is_cuda:
         raise ValueError(f"q: the CUDA kernel needs CUDA tensors, got a tensor on {q.device} "
                          "(use kdtree.kernels.reference or .naive on the CPU)")
     state = device_state(q.get_device())
-    if out is None:
-        out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
-    if padded_rows:
+    if plan is None:
         num_kv = kv_indices.numel() if kv_runs is None else kv_runs.num_kv
         plan = cached_plan(problem, num_kv, state.sm_count, state.capability, variant, num_splits)
-        if plan.num_splits > 1:
-            _workspaces[state.index][1][: plan.num_splits * problem.num_rows * problem.num_heads].fill_(float("-inf"))
+    else:
+        check_plan(plan, problem, state)
+    if out is None:
+        out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
+    if padded_rows and plan.num_splits > 1:
+        _workspaces[state.index][1][: plan.num_splits * problem.num_rows * problem.num_heads].fill_(float("-inf"))
     _run(state, launch_args(problem, q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                            out, lse, state, variant, num_splits, kv_runs))
+                            out, lse, state, plan, kv_runs))
     return out

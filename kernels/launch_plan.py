@@ -10,14 +10,20 @@ its 36 KB load or by its MMAs):
 where waves(s) = ceil(CTAs * s / (SMs * CTAs per SM)). Counting whole waves is the point: a grid
 of 136 one-CTA-per-SM blocks on 132 SMs takes two full tile sweeps, not 1.03 (measured on the
 H200: H64 T4 B1 L32k with 17 splits ran at half the rate of the same kernel on full waves).
+
+`plan` / `plan_bucket` return a `LaunchPlan` for a device (or its `DeviceFacts`) that a caller
+holds and hands to ``cuda_op.launch(..., plan=...)``; `plan_launch` / `plan_for_bucket` are the
+same from an SM count and capability.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 from typing import Optional
+
+from kdtree.kernels.device_facts import DeviceFacts, DeviceLike, device_facts
 
 BLOCK_N = 32
 WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
@@ -42,23 +48,77 @@ COMBINE_LAUNCH_TILES = 2.0  # the combine pass's launch and tail
 COMBINE_ROWS_PER_TILE = 1170.0  # rows x splits whose 2 KiB partial the combine reads per tile
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """How one call is cut up: KV splits per request, kernel variant, grid rows per request.
+    """How one launch is cut up, and the shapes and device it was made for.
 
     `variant` 1 and 2 are the base kernel with 16 or 32 rows per CTA; 3 is the warp-specialised
     kernel (32 rows per CTA, bulk-copy producer warp), which uses the bulk copy engine and
     mbarriers and so needs sm_90 or newer; 4 is the Hopper kernel (64 rows per CTA, wgmma), which
-    exists only in sm_90a builds and so runs on compute capability 9.0 only.
+    exists only in sm_90a builds and so runs on compute capability 9.0 only. The grid is
+    ``num_splits x grid_y x batch`` CTAs (`grid`).
+
+    A plan covers calls of exactly its shapes (``num_rows`` q rows of ``num_heads`` heads,
+    ``batch`` requests, ``mask_words`` mask words per row) on a device with its facts: what
+    `kdtree.kernels.cuda_op.launch` checks before it runs one. ``num_kv`` (for a bucket, the most
+    keys: ``batch * (max_context + tree)``) and ``context`` (a bucket's prefix-length range,
+    ``(min, max)``) are what the split count was weighed for; any KV length runs correctly with
+    the plan, since the kernel cuts each request's KV into the splits on the device.
     """
 
-    num_splits: int
     variant: int
+    num_splits: int
     grid_y: int
+    num_rows: int
+    num_heads: int
+    batch: int
+    mask_words: int
+    num_kv: int
+    device: DeviceFacts
+    context: Optional[tuple[int, int]] = None
 
     @property
     def block_m(self) -> int:
         return BLOCK_M[self.variant]
+
+    @property
+    def variant_name(self) -> str:
+        """The VARIANTS name of the plan's variant (``"ws"``, ...)."""
+        return variant_name(self.variant)
+
+    @property
+    def total_rows(self) -> int:
+        """q rows x heads: the rows the kernel computes."""
+        return self.num_rows * self.num_heads
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """The main kernel's grid: (KV splits, row blocks per request, requests)."""
+        return self.num_splits, self.grid_y, self.batch
+
+    @property
+    def ctas(self) -> int:
+        """CTAs the grid launches (some exit at once: short requests, empty splits)."""
+        return self.num_splits * self.grid_y * self.batch
+
+    def mismatch(self, num_rows: int, num_heads: int, batch: int, mask_words: int,
+                 device: DeviceFacts) -> Optional[str]:
+        """What keeps this plan from a call of these shapes on a device with these facts, or None."""
+        for name, mine, theirs in (("q rows", self.num_rows, num_rows), ("heads", self.num_heads, num_heads),
+                                   ("requests", self.batch, batch), ("mask words per row", self.mask_words,
+                                                                     mask_words)):
+            if mine != theirs:
+                return f"made for {mine} {name}, the call has {theirs}"
+        return self.device.mismatch(device)
+
+    def __repr__(self) -> str:
+        covers = f"kv {self.num_kv}" if self.context is None else \
+            f"context {self.context[0]}..{self.context[1]}, kv <= {self.num_kv}"
+        return (f"LaunchPlan({self.variant_name}, {self.num_splits} split{'s' if self.num_splits != 1 else ''}, "
+                f"grid {self.num_splits}x{self.grid_y}x{self.batch} = {self.ctas} CTAs of {self.block_m} rows; "
+                f"for {self.num_rows} q rows x {self.num_heads} heads, {self.batch} request"
+                f"{'s' if self.batch != 1 else ''}, {self.mask_words} mask word{'s' if self.mask_words != 1 else ''}, "
+                f"{covers}; on {self.device.describe()})")
 
 
 def runnable_variants(capability: tuple[int, int]) -> list[str]:
@@ -145,15 +205,38 @@ def _choose_splits(ctas: int, tiles: int, total_rows: int, slots: int) -> int:
 def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
                 sm_count: int, capability: tuple[int, int] = (9, 0), *, variant: Optional[str] = None,
                 num_splits: Optional[int] = None) -> LaunchPlan:
-    """Choose the variant, splits and grid from shapes (see the module docstring).
+    """Choose the variant, splits and grid from shapes and a device's SM count and capability (see
+    the module docstring); `plan` is the same from a device or its `DeviceFacts`.
 
     ``variant`` (a name of VARIANTS) and ``num_splits`` force those choices, for tests and
     measurements; a forced split count is clamped to what the workspace holds (1 when even one
     split's partials would not fit, as the automatic choice does).
     """
+    return _plan(num_rows, num_heads, batch, mask_words, num_kv, DeviceFacts(sm_count, tuple(capability)),
+                 variant, num_splits)
+
+
+def plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int, device: DeviceLike = None, *,
+         variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
+    """The launch plan of a call of these shapes on `device`, for ``launch(..., plan=...)``.
+
+    The shapes are the call's: ``num_rows = q.shape[0]``, ``num_heads = q.shape[1]``,
+    ``batch = qo_indptr.numel() - 1``, ``mask_words = tree_mask.shape[1]``, ``num_kv =
+    kv_indices.numel()`` (or ``kv_runs.num_kv``). `device` is a CUDA device (index, name,
+    ``torch.device``; None: the current one) or the `DeviceFacts` of one, to plan without it.
+    ``variant`` / ``num_splits`` force those choices (`plan_launch`).
+    """
+    if min(num_rows, num_heads, batch, mask_words) < 1 or num_kv < 0:
+        raise ValueError(f"plan: need num_rows, num_heads, batch, mask_words >= 1 and num_kv >= 0, got "
+                         f"{num_rows}, {num_heads}, {batch}, {mask_words}, {num_kv}")
+    return _plan(num_rows, num_heads, batch, mask_words, num_kv, device_facts(device), variant, num_splits)
+
+
+def _plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int, device: DeviceFacts,
+          variant: Optional[str], num_splits: Optional[int]) -> LaunchPlan:
     total_rows = num_rows * num_heads
     rows_per_request = total_rows / batch
-    variant_id = choose_variant(rows_per_request, capability, variant)
+    variant_id = choose_variant(rows_per_request, device.capability, variant)
     block_m = BLOCK_M[variant_id]
     max_tree = min(num_rows, 32 * mask_words)
     grid_y = math.ceil(max_tree * num_heads / block_m)
@@ -163,8 +246,9 @@ def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_
             raise ValueError(f"num_splits: expected a whole number >= 1, got {num_splits!r}")
         splits = 1 if total_rows > WORKSPACE_ROWS else min(num_splits, MAX_SPLITS, WORKSPACE_ROWS // total_rows)
     else:
-        splits = choose_splits(ctas, num_kv / batch, total_rows, sm_count)
-    return LaunchPlan(num_splits=splits, variant=variant_id, grid_y=grid_y)
+        splits = choose_splits(ctas, num_kv / batch, total_rows, device.sm_count)
+    return LaunchPlan(variant=variant_id, num_splits=splits, grid_y=grid_y, num_rows=num_rows, num_heads=num_heads,
+                      batch=batch, mask_words=mask_words, num_kv=num_kv, device=device)
 
 
 # -- CUDA-graph buckets ------------------------------------------------------------------------
@@ -202,37 +286,53 @@ def bucket_regret(splits: int, ctas: int, lengths: list[int], tree: int, total_r
 def plan_for_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, sm_count: int,
                     capability: tuple[int, int] = (9, 0), *, min_context: Optional[int] = None,
                     variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
-    """The plan one captured launch keeps for every call of a CUDA-graph bucket.
+    """`plan_bucket` from a device's SM count and capability."""
+    return _plan_bucket(max_batch, max_tree, max_context, num_heads, DeviceFacts(sm_count, tuple(capability)),
+                        min_context, variant, num_splits)
+
+
+def plan_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, device: DeviceLike = None, *,
+                min_context: Optional[int] = None, variant: Optional[str] = None,
+                num_splits: Optional[int] = None) -> LaunchPlan:
+    """The plan one captured launch keeps for every call of a CUDA-graph bucket, on `device` (as
+    in `plan`).
 
     A bucket admits up to `max_batch` requests of up to `max_tree` nodes and `max_context` prefix
     tokens each; its static buffers have exactly those sizes (q rows ``max_batch * max_tree``,
-    ``ceil(max_tree / 32)`` mask words). The grid (splits x row blocks x requests) is fixed at
-    capture; the kernel cuts each request's KV into `num_splits` ranges from ``kv_indptr`` on the
-    device, so any length up to the maximum is served (empty splits and requests without rows
-    exit early and the combine skips them). The split count is the one whose modelled time is
-    worst-case closest to an exact-length plan over the contexts the bucket is used for
-    (``min_context``, default ``max_context // 2``, to ``max_context``; `bucket_regret`); the
-    variant is the one the bucket's row count picks. ``variant`` / ``num_splits`` force them.
+    ``ceil(max_tree / 32)`` mask words), and so does every call the plan runs. The grid (splits x
+    row blocks x requests) is fixed at capture; the kernel cuts each request's KV into
+    `num_splits` ranges from ``kv_indptr`` on the device, so any length up to the maximum is
+    served (empty splits and requests without rows exit early and the combine skips them). The
+    split count is the one whose modelled time is worst-case closest to an exact-length plan over
+    the contexts the bucket is used for (``min_context``, default ``max_context // 2``, to
+    ``max_context``; `bucket_regret`); the variant is the one the bucket's row count picks.
+    ``variant`` / ``num_splits`` force them.
     """
+    return _plan_bucket(max_batch, max_tree, max_context, num_heads, device_facts(device), min_context, variant,
+                        num_splits)
+
+
+def _plan_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, device: DeviceFacts,
+                 min_context: Optional[int], variant: Optional[str], num_splits: Optional[int]) -> LaunchPlan:
     if min(max_batch, max_tree, num_heads) < 1 or max_context < 0:
         raise ValueError(f"bucket: need max_batch, max_tree, num_heads >= 1 and max_context >= 0, got "
                          f"{max_batch}, {max_tree}, {num_heads}, {max_context}")
     words = math.ceil(max_tree / 32)
     rows = max_batch * max_tree
-    base = plan_launch(rows, num_heads, max_batch, words, max_batch * (max_context + max_tree), sm_count,
-                       capability, variant=variant, num_splits=num_splits)
+    lo = max_context // 2 if min_context is None else min(min_context, max_context)
+    base = _plan(rows, num_heads, max_batch, words, max_batch * (max_context + max_tree), device, variant, num_splits)
+    base = dataclasses.replace(base, context=(lo, max_context))
     if num_splits is not None:
         return base
     total_rows = rows * num_heads
     if total_rows > WORKSPACE_ROWS:
         return base
     ctas = max_batch * math.ceil(max_tree * num_heads / base.block_m)
-    slots = max(1, sm_count)
-    lo = max_context // 2 if min_context is None else min(min_context, max_context)
+    slots = max(1, device.sm_count)
     lengths = _bucket_lengths(lo, max_context)
     limit = max(1, min(MAX_SPLITS, WORKSPACE_ROWS // total_rows, math.ceil((max_context + max_tree) / BLOCK_N)))
     candidates = sorted({1, base.num_splits} | {_choose_splits(ctas, max(1, math.ceil((n + max_tree) / BLOCK_N)),
                                                                total_rows, slots) for n in lengths})
     candidates = [min(s, limit) for s in candidates]
     best = min(candidates, key=lambda s: (round(bucket_regret(s, ctas, lengths, max_tree, total_rows, slots), 6), s))
-    return LaunchPlan(num_splits=best, variant=base.variant, grid_y=base.grid_y)
+    return dataclasses.replace(base, num_splits=best)

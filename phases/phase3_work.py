@@ -2,7 +2,7 @@
 
 Three kinds of captured callables are put through `kdtree.gates.graph_safety`:
 
-- **launch** cases: one kernel launch with a bucket's fixed plan (`launch_plan.plan_for_bucket`)
+- **launch** cases: one kernel launch with a bucket's fixed plan (`kdtree.kernels.plan_bucket`)
   over static buffers sized for the bucket; every draw has a fresh number of live requests
   (the rest padded: no rows, no keys), fresh tree sizes up to the bucket's (the rows past the
   last node padded, their mask rows garbage), fresh prefix lengths from 0 to the bucket's
@@ -116,29 +116,22 @@ def launch_outputs(inputs: dict[str, Any]) -> dict[str, Any]:
 
 def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
     """The captured callable of a launch case: out zero and lse -inf (what padded rows keep), then
-    the launch with the bucket's plan."""
+    the launch with the bucket's plan, run as it is."""
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import variant_name  # noqa: PLC0415
-
-    variant = variant_name(plan.variant)
 
     def fn(inputs, outputs):
         outputs["out"].zero_()
         outputs["lse"].fill_(float("-inf"))
         launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-               inputs["tree_mask"], SM_SCALE, out=outputs["out"], lse=outputs["lse"], variant=variant,
-               num_splits=plan.num_splits, padded_rows=True)
+               inputs["tree_mask"], SM_SCALE, out=outputs["out"], lse=outputs["lse"], plan=plan, padded_rows=True)
     return fn
 
 
 def _device_plan(bucket, heads: int, variant: Optional[str] = None):
-    from kdtree.kernels import cuda_op, launch_plan  # noqa: PLC0415
+    """The bucket's launch plan on the current CUDA device (`kdtree.kernels.plan_bucket`)."""
+    from kdtree.kernels import plan_bucket  # noqa: PLC0415
 
-    import torch  # noqa: PLC0415
-
-    state = cuda_op.device_state(torch.cuda.current_device())
-    return launch_plan.plan_for_bucket(bucket.batch, bucket.tree, bucket.context, heads, state.sm_count,
-                                       state.capability, variant=variant)
+    return plan_bucket(bucket.batch, bucket.tree, bucket.context, heads, variant=variant)
 
 
 def launch_cases(buckets=LAUNCH_BUCKETS, candidate=None) -> list[tuple[Any, Callable]]:
@@ -264,14 +257,13 @@ def step_cases(model, buckets=STEP_BUCKETS, backend_for=None) -> list[tuple[Any,
     """(GraphCase, captured callable) per engine bucket (whole verify steps of `model`)."""
     from kdtree.engine.graph_capture import Bucket, BucketKernelBackend  # noqa: PLC0415
     from kdtree.gates.graph_safety import GraphCase  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import variant_name  # noqa: PLC0415
 
     out = []
     for B, T, C in buckets:
         bucket = Bucket(B, T, C)
         setup = StepInputs(model, bucket)
         plan = _device_plan(bucket, model.config.num_heads)
-        backend = (backend_for or (lambda p: BucketKernelBackend(variant_name(p.variant), p.num_splits)))(plan)
+        backend = (backend_for or BucketKernelBackend)(plan)
         case = GraphCase(f"step B{B} T{T} L<={C} ({model.config.num_layers} layers)", setup.draw, setup.outputs,
                          params={"B": B, "T": T, "L": C, "layers": model.config.num_layers},
                          allow_capture_allocations=True)
@@ -545,7 +537,6 @@ def captured_launch_loss(batch: int, tree: int, size: int, heads: int, ctx: Gate
     from kdtree.gates.timing import cuda_event_timer, interleaved, l2_flush_bytes  # noqa: PLC0415
     from kdtree.kernels.contract import Problem  # noqa: PLC0415
     from kdtree.kernels.cuda_op import cached_plan, device_state, launch  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import variant_name  # noqa: PLC0415
 
     bucket = Bucket(batch, tree, size)
     plan = _device_plan(bucket, heads)
@@ -553,11 +544,10 @@ def captured_launch_loss(batch: int, tree: int, size: int, heads: int, ctx: Gate
     lengths = sorted({lo, (lo + size) // 2, size})
     inp = launch_inputs(bucket, heads, ctx.fresh_seed(), ctx.device, lens=[size] * batch, sizes=[tree] * batch)
     out = launch_outputs(inp)["out"]
-    variant = variant_name(plan.variant)
 
     def captured():  # the launch alone, as a graph holds it: only the plan differs from `eager`
         launch(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["tree_mask"],
-               SM_SCALE, out=out, variant=variant, num_splits=plan.num_splits)
+               SM_SCALE, out=out, plan=plan)
 
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -41,7 +41,7 @@ def host_call(case: dict, state: cuda_op.DeviceState, out=None, lse=None) -> tor
                        case["tree_mask"], case["sm_scale"], out, lse, check_values=False)
     if out is None:
         out = torch.empty(problem.num_rows, problem.num_heads, LATENT_DIM, dtype=q.dtype, device=q.device)
-    state.ext.run(*cuda_op.launch_args(problem, q, case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
+    state.ext.run(cuda_op.launch_args(problem, q, case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                        case["kv_indices"], case["tree_mask"], case["sm_scale"], out, lse,
                                        state))
     return out

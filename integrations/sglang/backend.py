@@ -22,9 +22,9 @@
   static buffers into the graph converter's, on the device, allocation-free, for a target-verify
   batch the kernel can serve; ``get_cuda_graph_seq_len_fill_value`` is the parent's 1 (a padded
   request then has one prefix key, so its rows are finite). In a graph batch ``forward_extend``
-  launches the kernel with the bucket's fixed plan (`kdtree.kernels.launch_plan.plan_for_bucket`
-  for (bs, N, max_context_len)), whose split ranges the kernel cuts from kv_indptr on the device,
-  so one capture serves every length up to max_context_len.
+  launches the kernel with the bucket's fixed plan (`kdtree.kernels.plan_bucket` for (bs, N,
+  max_context_len), a `LaunchPlan` run as it is), whose split ranges the kernel cuts from
+  kv_indptr on the device, so one capture serves every length up to max_context_len.
 
 Whether a batch is served is decided from shapes, dtypes and layer attributes on the host, never
 from values on the device; `kd_last_route` says which path the last call took and why. The
@@ -43,6 +43,7 @@ import torch
 
 from kdtree.integrations.sglang.converter import INT32_MAX, VerifyConverter
 from kdtree.kernels.contract import LATENT_DIM, MAX_HEADS, MAX_TREE_NODES, QK_DIM
+from kdtree.kernels.device_facts import DeviceFacts, device_facts
 
 log = logging.getLogger("kdtree.integrations.sglang")
 
@@ -116,7 +117,7 @@ def make_backend_class(parent: type) -> type:
 
         #: the op; tests on the CPU swap in the reference (same signature)
         verify_op = None
-        #: the op in graph batches: the op contract plus ``variant`` and ``num_splits`` (default
+        #: the op in graph batches: the op contract plus ``plan`` (default
         #: `kdtree.kernels.cuda_op.launch`); tests on the CPU swap in a wrapper of the reference
         graph_op = None
         #: layer calls served by the kernel, over all instances (the GPU kit test reads it)
@@ -133,7 +134,7 @@ def make_backend_class(parent: type) -> type:
             self._kd_graph_converter: Optional[VerifyConverter] = None
             self._kd_graph_bs: Optional[int] = None  # set while the metadata is a graph batch's
             self._kd_graph_context = 0  # max_context_len the graph converter is sized for
-            self._kd_plans: dict[tuple[int, int], tuple[str, int]] = {}
+            self._kd_plans: dict[tuple[int, int], Any] = {}  # (bs, heads) -> the bucket's LaunchPlan
             self.kd_unservable = _unservable_backend(self)
             self.kd_last_route: tuple[str, str] = ("none", "no call yet")
             self._kd_verify_skip: Optional[str] = None  # why the last target-verify batch was not converted
@@ -224,16 +225,17 @@ def make_backend_class(parent: type) -> type:
                 self._kd_verify_skip = f"graph converter: {err}"
             return result
 
-        def kd_graph_plan(self, bs: int, heads: int) -> tuple[str, int]:
-            """(variant, num_splits) of a graph batch of `bs` requests: the bucket's fixed plan."""
+        def kd_graph_plan(self, bs: int, heads: int):
+            """The `LaunchPlan` of a graph batch of `bs` requests: the bucket's fixed plan."""
             key = (bs, heads)
             if key not in self._kd_plans:
-                from kdtree.kernels import launch_plan  # noqa: PLC0415
+                from kdtree.kernels import plan_bucket  # noqa: PLC0415
 
-                sm_count, capability = _device_facts(self.token_to_kv_pool.get_key_buffer(0).device)
-                plan = launch_plan.plan_for_bucket(bs, self._kd_graph_converter.max_tree, self._kd_graph_context, heads,
-                                                   sm_count, capability)
-                self._kd_plans[key] = (launch_plan.variant_name(plan.variant), plan.num_splits)
+                device = self.token_to_kv_pool.get_key_buffer(0).device
+                if getattr(device, "type", "cpu") != "cuda":
+                    device = CPU_PLAN_DEVICE
+                self._kd_plans[key] = plan_bucket(bs, self._kd_graph_converter.max_tree, self._kd_graph_context, heads,
+                                                  device)
             return self._kd_plans[key]
 
         # -- attention -----------------------------------------------------------------------
@@ -267,17 +269,18 @@ def make_backend_class(parent: type) -> type:
                     self._kd_log_kernel(q.device, meta, heads, _eager_variant(q.device, meta))
                 (self.verify_op or _kernel_op())(*args, out=out.view(-1, heads, LATENT_DIM))
             else:
-                variant, splits = self.kd_graph_plan(self._kd_graph_bs, heads)
+                plan = self.kd_graph_plan(self._kd_graph_bs, heads)
                 if "kernel" not in self.kd_logged:
-                    self._kd_log_kernel(q.device, meta, heads, f"{variant} (CUDA graph, {splits} splits)")
-                (self.graph_op or _kernel_launch())(*args, out=out.view(-1, heads, LATENT_DIM), variant=variant,
-                                                     num_splits=splits)
+                    self._kd_log_kernel(q.device, meta, heads,
+                                        f"{plan.variant_name} (CUDA graph, {plan.num_splits} splits)")
+                (self.graph_op or _kernel_launch())(*args, out=out.view(-1, heads, LATENT_DIM), plan=plan)
             return out
 
         # -- what the server log says -------------------------------------------------------
         def _kd_log_kernel(self, device, meta, heads: int, variant: str) -> None:
             type(self).kd_logged.add("kernel")
-            _, capability = _device_facts(device)
+            facts = CPU_PLAN_DEVICE if getattr(device, "type", "cpu") != "cuda" else device_facts(device)
+            capability = facts.capability
             requests = meta.qo_indptr.numel() - 1
             log.info("kdtree kernel serves MLA target verify: variant %s on %s (compute capability %d.%d); "
                      "first batch %d requests, %d draft tokens, %d heads", variant, _device_name(device),
@@ -297,7 +300,8 @@ def _eager_variant(device, meta) -> str:
     """The variant `kdtree.kernels.tree_verify_mla` dispatches for this batch (host shapes only)."""
     from kdtree.kernels import launch_plan  # noqa: PLC0415
 
-    _, capability = _device_facts(device)
+    facts = CPU_PLAN_DEVICE if getattr(device, "type", "cpu") != "cuda" else device_facts(device)
+    capability = facts.capability
     rows, requests = meta.tree_mask.shape[0], max(1, meta.qo_indptr.numel() - 1)
     return launch_plan.variant_name(launch_plan.choose_variant(rows / requests, capability))
 
@@ -320,12 +324,9 @@ def _kernel_launch():
     return launch
 
 
-def _device_facts(device) -> tuple[int, tuple[int, int]]:
-    """(SM count, capability) of a device; an H200's on the CPU (tests: the plan is only shapes)."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return 132, (9, 0)
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, (props.major, props.minor)
+#: what graph plans are made for when the pool is not on a CUDA device (CPU tests: an H200's SMs
+#: and capability; a plan is only shapes)
+CPU_PLAN_DEVICE = DeviceFacts(132, (9, 0))
 
 
 _class_cache: dict[type, type] = {}

@@ -1,7 +1,14 @@
-// Thin pybind11 bindings over raw device pointers: tensors, validation and the choice of
-// splits live in Python (kdtree/kernels/cuda_op.py); this file only forwards to the launcher.
+// Thin pybind11 bindings over raw device pointers: tensors, validation and the launch plan live
+// in Python (kdtree/kernels/cuda_op.py); this file unpacks one parameters struct and forwards it
+// to the launcher.
+//
+// `run(params)` takes the fields of kLaunchFields, in that order, as one tuple (cuda_op's
+// `LaunchParams` named tuple); the module publishes the names as `launch_fields`, which cuda_op
+// compares with its own when it loads the extension. The KV layout is whichever is set: kv_indices
+// (run pointers 0) or the three run pointers (kv_indices 0).
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -15,69 +22,78 @@ namespace py = pybind11;
 
 namespace {
 
+enum LaunchField : std::size_t {
+  kQ, kKv, kQoIndptr, kKvIndptr, kKvIndices, kTreeMask, kOut, kLse, kWsO, kWsLse,
+  kTotalRows, kNumHeads, kBatch, kMaskWords, kNumSplits, kGridY, kVariant, kSmScale, kStream,
+  kKvRunIndptr, kKvRunStart, kKvRunPos,
+  kNumLaunchFields
+};
+
+constexpr const char* kLaunchFields[kNumLaunchFields] = {
+    "q", "kv", "qo_indptr", "kv_indptr", "kv_indices", "tree_mask", "out", "lse", "ws_o", "ws_lse",
+    "total_rows", "num_heads", "batch", "mask_words", "num_splits", "grid_y", "variant", "sm_scale", "stream",
+    "kv_run_indptr", "kv_run_start", "kv_run_pos"};
+
 template <typename T>
-T* ptr(std::uintptr_t p) {
-  return reinterpret_cast<T*>(p);
+T* ptr(const py::tuple& a, LaunchField f) {
+  return reinterpret_cast<T*>(a[f].cast<std::uintptr_t>());
 }
 
-void launch(kdtree::TreeVerifyParams& p, std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr,
-            std::uintptr_t kv_indptr, std::uintptr_t kv_indices, std::uintptr_t tree_mask, std::uintptr_t out,
-            std::uintptr_t lse, std::uintptr_t ws_o, std::uintptr_t ws_lse, std::int64_t total_rows, int num_heads,
-            int batch, int mask_words, int num_splits, int grid_y, int variant, double sm_scale,
-            std::uintptr_t stream) {
-  p.q = ptr<const __nv_bfloat16>(q);
-  p.kv = ptr<const __nv_bfloat16>(kv);
-  p.qo_indptr = ptr<const int32_t>(qo_indptr);
-  p.kv_indptr = ptr<const int32_t>(kv_indptr);
-  p.kv_indices = ptr<const int32_t>(kv_indices);
-  p.tree_mask = ptr<const int32_t>(tree_mask);
-  p.out = ptr<__nv_bfloat16>(out);
-  p.lse = ptr<float>(lse);
-  p.ws_o = ptr<float>(ws_o);
-  p.ws_lse = ptr<float>(ws_lse);
-  p.total_rows = total_rows;
-  p.num_heads = num_heads;
-  p.batch = batch;
-  p.mask_words = mask_words;
-  p.num_splits = num_splits;
-  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
-  cudaError_t err = kdtree::launch_tree_verify_mla(p, grid_y, variant, reinterpret_cast<cudaStream_t>(stream));
+template <typename T>
+T num(const py::tuple& a, LaunchField f) {
+  return a[f].cast<T>();
+}
+
+void run(const py::tuple& a) {
+  if (a.size() != kNumLaunchFields) {
+    throw std::invalid_argument("run: expected the " + std::to_string(kNumLaunchFields) +
+                                " fields of launch_fields (kdtree.kernels.cuda_op.LaunchParams), got " +
+                                std::to_string(a.size()));
+  }
+  kdtree::TreeVerifyParams p{};
+  p.q = ptr<const __nv_bfloat16>(a, kQ);
+  p.kv = ptr<const __nv_bfloat16>(a, kKv);
+  p.qo_indptr = ptr<const int32_t>(a, kQoIndptr);
+  p.kv_indptr = ptr<const int32_t>(a, kKvIndptr);
+  p.kv_indices = ptr<const int32_t>(a, kKvIndices);
+  p.tree_mask = ptr<const int32_t>(a, kTreeMask);
+  p.out = ptr<__nv_bfloat16>(a, kOut);
+  p.lse = ptr<float>(a, kLse);
+  p.ws_o = ptr<float>(a, kWsO);
+  p.ws_lse = ptr<float>(a, kWsLse);
+  p.total_rows = num<std::int64_t>(a, kTotalRows);
+  p.num_heads = num<int>(a, kNumHeads);
+  p.batch = num<int>(a, kBatch);
+  p.mask_words = num<int>(a, kMaskWords);
+  p.num_splits = num<int>(a, kNumSplits);
+  p.scale_log2 = static_cast<float>(num<double>(a, kSmScale) * 1.4426950408889634);
+  p.kv_run_indptr = ptr<const int32_t>(a, kKvRunIndptr);
+  p.kv_run_start = ptr<const int32_t>(a, kKvRunStart);
+  p.kv_run_pos = ptr<const int32_t>(a, kKvRunPos);
+  const int runs_set = (p.kv_run_indptr != nullptr) + (p.kv_run_start != nullptr) + (p.kv_run_pos != nullptr);
+  if (runs_set != 0 && runs_set != 3) {
+    throw std::invalid_argument("run: kv_run_indptr, kv_run_start and kv_run_pos are set together or not at all");
+  }
+  if (runs_set == 3 && p.kv_indices != nullptr) {
+    throw std::invalid_argument("run: kv_indices must be 0 when the KV runs are set (one KV layout per launch)");
+  }
+  cudaError_t err = kdtree::launch_tree_verify_mla(p, num<int>(a, kGridY), num<int>(a, kVariant),
+                                                   reinterpret_cast<cudaStream_t>(num<std::uintptr_t>(a, kStream)));
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("tree_verify_mla launch failed: ") + cudaGetErrorName(err) + ": " +
                              cudaGetErrorString(err));
   }
 }
 
-void run(std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr, std::uintptr_t kv_indptr,
-         std::uintptr_t kv_indices, std::uintptr_t tree_mask, std::uintptr_t out, std::uintptr_t lse,
-         std::uintptr_t ws_o, std::uintptr_t ws_lse, std::int64_t total_rows, int num_heads, int batch,
-         int mask_words, int num_splits, int grid_y, int variant, double sm_scale, std::uintptr_t stream) {
-  kdtree::TreeVerifyParams p{};
-  launch(p, q, kv, qo_indptr, kv_indptr, kv_indices, tree_mask, out, lse, ws_o, ws_lse, total_rows, num_heads, batch,
-         mask_words, num_splits, grid_y, variant, sm_scale, stream);
-}
-
-// The same launch reading run-length KV metadata (kv_indices unused, 0).
-void run_runs(std::uintptr_t q, std::uintptr_t kv, std::uintptr_t qo_indptr, std::uintptr_t kv_indptr,
-              std::uintptr_t kv_indices, std::uintptr_t tree_mask, std::uintptr_t out, std::uintptr_t lse,
-              std::uintptr_t ws_o, std::uintptr_t ws_lse, std::int64_t total_rows, int num_heads, int batch,
-              int mask_words, int num_splits, int grid_y, int variant, double sm_scale, std::uintptr_t stream,
-              std::uintptr_t kv_run_indptr, std::uintptr_t kv_run_start, std::uintptr_t kv_run_pos) {
-  if (!kv_run_indptr || !kv_run_start || !kv_run_pos) throw std::invalid_argument("run_runs: null run metadata");
-  kdtree::TreeVerifyParams p{};
-  p.kv_run_indptr = ptr<const int32_t>(kv_run_indptr);
-  p.kv_run_start = ptr<const int32_t>(kv_run_start);
-  p.kv_run_pos = ptr<const int32_t>(kv_run_pos);
-  launch(p, q, kv, qo_indptr, kv_indptr, kv_indices, tree_mask, out, lse, ws_o, ws_lse, total_rows, num_heads, batch,
-         mask_words, num_splits, grid_y, variant, sm_scale, stream);
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_tree_verify_mla, m) {
   m.doc() = "MLA tree-verify attention (raw-pointer launcher; see kdtree.kernels.cuda_op)";
-  m.def("run", &run, "Launch tree-verify attention on the given stream (no allocation, no sync)");
-  m.def("run_runs", &run_runs, "The same launch reading run-length KV metadata (kv_run_indptr, start, pos)");
+  m.def("run", &run, py::arg("params"),
+        "Launch tree-verify attention from the launch_fields tuple, on its stream (no allocation, no sync)");
   m.def("shared_bytes", &kdtree::shared_bytes, "Dynamic shared memory per block of a variant (-1: unknown)");
+  py::tuple fields(static_cast<std::size_t>(kNumLaunchFields));
+  for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
+  m.attr("launch_fields") = fields;
   m.attr("block_n") = 32;
 }

@@ -46,13 +46,13 @@ def test_graph_logits_match_the_eager_step(model):
 
 def test_a_replay_equals_the_body_run_eagerly_bitwise(model):
     from kdtree.engine.graph_capture import BucketKernelBackend
-    from kdtree.kernels.launch_plan import variant_name
 
     bucket = Bucket(4, 16, 2048)
     setup = StepInputs(model, bucket, seed=3)
     graphs = VerifyGraphs(model, setup.pool)
     plan = graphs.plan(bucket)
-    fn = setup.body(BucketKernelBackend(variant_name(plan.variant), plan.num_splits))
+    assert (plan.num_rows, plan.batch, plan.context[1]) == (bucket.rows, bucket.batch, bucket.context)
+    fn = setup.body(BucketKernelBackend(plan))
     static = setup.draw(0, "cuda")
     out = setup.outputs(static)
     fn(static, out)

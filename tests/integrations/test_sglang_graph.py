@@ -38,8 +38,9 @@ class RecordingLaunch:
     def __init__(self):
         self.plans = []
 
-    def __call__(self, q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None, variant=None, num_splits=None):
-        self.plans.append((variant, num_splits))
+    def __call__(self, q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None, plan=None):
+        self.plans.append(plan)
+        assert plan.mismatch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], plan.device) is None
         idx = idx[: int(kvp[-1])]
         return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale, out=out, lse=lse)
 
@@ -85,7 +86,7 @@ def test_capture_then_replays_at_other_lengths_run_the_kernel_with_the_buckets_p
     check(forward(backend, cap, batch), cap)
     assert backend.kd_last_route[0] == "kernel"
     want = launch_plan.plan_for_bucket(BS, N, backend.max_context_len, HEADS, 132, (9, 0))
-    assert launch.plans[-1] == (launch_plan.variant_name(want.variant), want.num_splits)
+    assert launch.plans[-1] == want  # the bucket's plan, held: no variant name and split count to plan again
     for seed, lens in enumerate([[37, 0, 200], [3900, 2, 9], [0, 0, 0]], start=2):
         fx = fixture(lens, seed)
         load_pool(backend, fx)

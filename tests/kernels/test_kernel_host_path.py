@@ -1,6 +1,6 @@
-"""The host path of `cuda_op.launch`: validation messages, the launch-argument builder, the
-memoised plan (keyed on the forced variant and split count), the per-device state and the
-multi-device branch. CPU tensors and a fake extension stand in for the GPU, except where marked."""
+"""The host path of `cuda_op.launch`: validation messages, the launch-parameter builder, the
+memoised plan (keyed on the forced variant and split count), a held plan's checks, the per-device
+state and the multi-device branch. CPU tensors and a fake extension stand in for the GPU, except where marked."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from kdtree.kernels import cuda_op, launch_plan
 from kdtree.kernels.contract import validate
+from kdtree.kernels.device_facts import DeviceFacts
 from kdtree.tools.cases import case_args, make_case
 from kdtree.tools.host_path_bench import FakeExtension, fake_state, host_call
 
@@ -117,9 +118,12 @@ def test_launch_args_hold_pointers_sizes_plan_and_stream():
     plan = _expected_plan(case)
     pointers = tuple(t.data_ptr() for t in (case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"],
                                            case["kv_indices"], case["tree_mask"], out, lse))
+    assert isinstance(args, cuda_op.LaunchParams)
     assert args == pointers + (0x1000, 0x2000, NQ * H, H, len(REQUESTS), 2, plan.num_splits, plan.grid_y,
-                               plan.variant, case["sm_scale"], 0xABC)
-    assert type(args[17]) is float
+                               plan.variant, case["sm_scale"], 0xABC, 0, 0, 0)  # the indices path: no runs
+    assert (args.num_splits, args.grid_y, args.variant, args.stream) == (plan.num_splits, plan.grid_y,
+                                                                         plan.variant, 0xABC)
+    assert type(args.sm_scale) is float
 
 
 def test_launch_args_pass_null_lse_and_read_the_stream_every_call():
@@ -130,14 +134,14 @@ def test_launch_args_pass_null_lse_and_read_the_stream_every_call():
     problem = validate(*case_args(case), out)
     first = cuda_op.launch_args(problem, *case_args(case), out, None, state)
     second = cuda_op.launch_args(problem, *case_args(case), out, None, state)
-    assert first[7] == 0 and first[-1] == (3, 100) and second[-1] == (3, 101)
+    assert first.lse == 0 and first.stream == (3, 100) and second.stream == (3, 101)
 
 
 def test_host_call_allocates_out_only_when_missing():
     case = _case()
     out, lse = _outputs()
     calls = []
-    state = fake_state()._replace(ext=type("Ext", (), {"run": lambda self, *a: calls.append(a)})())
+    state = fake_state()._replace(ext=type("Ext", (), {"run": lambda self, params: calls.append(tuple(params))})())
     assert host_call(case, state, out, lse) is out
     fresh = host_call(case, state)
     assert fresh.shape == (NQ, H, 512) and fresh.dtype == torch.bfloat16
@@ -171,8 +175,19 @@ def test_launch_args_carry_the_forced_plan():
     case = _case()
     out, lse = _outputs()
     problem = validate(*case_args(case), out, lse)
-    args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), "base16", 5)
-    assert (args[14], args[16]) == (5, launch_plan.VARIANTS["base16"])  # num_splits, variant
+    plan = cuda_op.cached_plan(problem, case["kv_indices"].numel(), 132, (9, 0), "base16", 5)
+    args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), plan)
+    assert (args.num_splits, args.variant) == (5, launch_plan.VARIANTS["base16"])
+
+
+def test_launch_args_carry_a_held_plan_as_it_is():
+    case = _case()
+    out, lse = _outputs()
+    problem = validate(*case_args(case), out, lse)
+    held = launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 10 ** 6, 132, (9, 0), variant="base32", num_splits=9)
+    args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), held)
+    assert (args.num_splits, args.grid_y, args.variant) == (9, held.grid_y, launch_plan.VARIANTS["base32"])
+    assert cuda_op._plans == {}  # nothing planned again
 
 
 def test_cached_plan_is_reused_and_keyed_on_every_argument():
@@ -202,17 +217,62 @@ def test_plan_cache_stays_bounded(monkeypatch):
     assert 1 <= len(cuda_op._plans) <= 4
 
 
+# --- a held plan: checked against the call, never planned again ------------------------------------
+
+def test_a_held_plan_of_the_calls_shapes_and_device_passes():
+    problem = validate(*case_args(_case()))
+    state = fake_state(sm_count=132, capability=(9, 0))
+    for held in (launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 5, 132, (9, 0)),
+                 launch_plan.plan(NQ, H, len(REQUESTS), 2, 10 ** 6, DeviceFacts(132, (9, 0), 232448), num_splits=4)):
+        cuda_op.check_plan(held, problem, state)
+        cuda_op.check_plan(held, problem, state._replace(shared_memory_per_block_optin=232448))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(num_rows=NQ + 1), f"made for {NQ + 1} q rows, the call has {NQ}"),
+    (dict(num_heads=H + 1), f"made for {H + 1} heads, the call has {H}"),
+    (dict(batch=1), "made for 1 requests, the call has 4"),
+    (dict(mask_words=1), "made for 1 mask words per row, the call has 2"),
+    (dict(device=DeviceFacts(78, (9, 0))),
+     "made for sm_90 with 78 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
+    (dict(device=DeviceFacts(132, (12, 0))),
+     "made for sm_120 with 132 SMs, the device is sm_90 with 132 SMs, 232448 B shared memory per block"),
+    (dict(device=DeviceFacts(132, (9, 0), 101376)),
+     "made for 101376 B shared memory per block, the device offers 232448 B"),
+])
+def test_a_held_plan_for_other_shapes_or_another_device_is_refused(change, message):
+    import dataclasses
+
+    problem = validate(*case_args(_case()))
+    state = fake_state(sm_count=132, capability=(9, 0))._replace(index=2, shared_memory_per_block_optin=232448)
+    held = dataclasses.replace(launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 5, 132, (9, 0)), **change)
+    with pytest.raises(ValueError) as err:
+        cuda_op.check_plan(held, problem, state)
+    assert str(err.value).startswith(f"plan: {message} (device 2); make the plan for this call's shapes")
+    assert repr(held) in str(err.value)
+
+
+def test_a_plan_is_a_launch_plan_and_not_mixed_with_forced_choices():
+    problem = validate(*case_args(_case()))
+    with pytest.raises(ValueError, match=r"^plan: expected a kdtree.kernels.LaunchPlan .*got tuple"):
+        cuda_op.check_plan(("ws", 4), problem, fake_state())
+    held = _expected_plan(_case())
+    for forced in (dict(variant="ws"), dict(num_splits=2)):
+        with pytest.raises(ValueError, match=r"^plan: pass a plan or variant / num_splits, not both"):
+            cuda_op.launch(*case_args(_case()), plan=held, **forced)
+
+
 # --- per-device state and the multi-device branch -------------------------------------------------
 
 def _fake_devices(monkeypatch):
     built = []
 
-    def facts(device):
-        built.append(device.index)
-        return device.index, 100 + device.index, (9, 0)
+    def facts(index):
+        built.append(index)
+        return DeviceFacts(100 + index, (9, 0), 232448)
 
     monkeypatch.setattr(cuda_op, "_device_states", {})
-    monkeypatch.setattr(cuda_op, "_device_facts", facts)
+    monkeypatch.setattr(cuda_op, "device_facts", facts)
     monkeypatch.setattr(cuda_op, "_extension", lambda index: FakeExtension())
     monkeypatch.setattr(cuda_op, "_workspace", lambda index, device: (torch.empty(2), torch.empty(1)))
     return built
@@ -223,6 +283,7 @@ def test_device_state_is_built_once_per_index(monkeypatch):
     first = cuda_op.device_state(1)
     assert cuda_op.device_state(1) is first and (first.index, first.sm_count) == (1, 101)
     assert cuda_op.device_state(0).sm_count == 100 and built == [1, 0]
+    assert first.facts == DeviceFacts(101, (9, 0), 232448)
 
 
 class _RecordingDevice:
@@ -249,9 +310,10 @@ def test_run_switches_device_only_when_needed(monkeypatch, current, index, switc
     monkeypatch.setattr(cuda_op, "_current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "device", _RecordingDevice)
     monkeypatch.setattr(_RecordingDevice, "entered", [])
-    cuda_op._run(fake_state()._replace(index=index, ext=ext), (1, 2))
+    params = cuda_op.LaunchParams(*range(1, 20))
+    cuda_op._run(fake_state()._replace(index=index, ext=ext), params)
     assert _RecordingDevice.entered == switched
-    assert ran_on == [(switched[0] if switched else None, (1, 2))]
+    assert ran_on == [(switched[0] if switched else None, (params,))]  # one argument: the parameters struct
 
 
 def test_raw_stream_getter_prefers_the_fast_form(monkeypatch):
@@ -280,6 +342,20 @@ def test_gpu_stream_and_device_match_torch():
     assert cuda_op._current_device() == torch.cuda.current_device()
     props = torch.cuda.get_device_properties(state.index)
     assert (state.sm_count, state.capability) == (props.multi_processor_count, (props.major, props.minor))
+    assert state.shared_memory_per_block_optin == props.shared_memory_per_block_optin
+
+
+@pytest.mark.gpu
+def test_gpu_held_plan_runs_as_the_forced_choices_did_and_a_foreign_plan_is_refused():
+    case = _case("cuda")
+    out, held_out = _outputs("cuda")[0], torch.empty(NQ, H, 512, dtype=torch.bfloat16, device="cuda")
+    held = launch_plan.plan(NQ, H, len(REQUESTS), 2, case["kv_indices"].numel(), num_splits=3)
+    cuda_op.launch(*case_args(case), out=out, variant=held.variant_name, num_splits=held.num_splits)
+    cuda_op.launch(*case_args(case), out=held_out, plan=held)
+    assert torch.equal(out, held_out)
+    other = launch_plan.plan(NQ, H + 1, len(REQUESTS), 2, case["kv_indices"].numel())
+    with pytest.raises(ValueError, match=rf"^plan: made for {H + 1} heads, the call has {H}"):
+        cuda_op.launch(*case_args(case), plan=other)
 
 
 @pytest.mark.gpu

@@ -154,17 +154,19 @@ def test_launch_args_carry_the_run_pointers_and_plan_from_num_kv(monkeypatch):
     problem = validate(*args, **kw)
     got = cuda_op.launch_args(problem, *args, out, None, state, kv_runs=runs)
     plain = cuda_op.launch_args(problem, *case_args(case), out, None, state)
-    assert len(plain) == cuda_op._RUN_ARGS and len(got) == cuda_op._RUN_ARGS + 3
-    assert got[4] == 0 and got[:4] == plain[:4] and got[5:cuda_op._RUN_ARGS] == plain[5:]
-    assert got[-3:] == (runs.indptr.data_ptr(), runs.start.data_ptr(), runs.pos.data_ptr())
+    assert len(plain) == len(got) == len(cuda_op.LaunchParams._fields)
+    assert got.kv_indices == 0 and got[:4] == plain[:4] and got[5:19] == plain[5:19]
+    assert (got.kv_run_indptr, got.kv_run_start, got.kv_run_pos) == \
+        (runs.indptr.data_ptr(), runs.start.data_ptr(), runs.pos.data_ptr())
+    assert plain.kv_indices == case["kv_indices"].data_ptr()
+    assert (plain.kv_run_indptr, plain.kv_run_start, plain.kv_run_pos) == (0, 0, 0)
     calls = []
-    ext = type("Ext", (), {"run": lambda self, *a: calls.append(("run", a)),
-                           "run_runs": lambda self, *a: calls.append(("run_runs", a))})()
+    ext = type("Ext", (), {"run": lambda self, params: calls.append(params)})()
     state = state._replace(ext=ext, index=0)
     monkeypatch.setattr(cuda_op, "_current_device", lambda: 0)
     cuda_op._run(state, plain)
     cuda_op._run(state, got)
-    assert [c[0] for c in calls] == ["run", "run_runs"]
+    assert calls == [plain, got]  # one entry point: the parameters say which KV layout
 
 
 # --- on a GPU: the runs path gives the indices path's output, bit for bit ----------------------

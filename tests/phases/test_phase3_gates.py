@@ -160,12 +160,10 @@ def test_gpu_capture_clean_fails_on_a_launch_that_syncs():
 
 def allocating(plan):
     from kdtree.kernels.cuda_op import launch
-    from kdtree.kernels.launch_plan import variant_name
 
     def fn(inputs, outputs):
         out = launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-                     inputs["tree_mask"], phase3_work.SM_SCALE, variant=variant_name(plan.variant),
-                     num_splits=plan.num_splits)  # no out=: the launch allocates it
+                     inputs["tree_mask"], phase3_work.SM_SCALE, plan=plan)  # no out=: the launch allocates it
         outputs["out"].copy_(out)
         outputs["lse"].zero_()
     return fn
