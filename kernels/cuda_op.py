@@ -76,9 +76,9 @@ def _extension(device_index: int):
         if cap < (8, 0):
             raise RuntimeError(f"the tree-verify kernel needs sm_80 or newer (mma.sync bf16, cp.async); "
                                f"device {device_index} is sm_{cap[0]}{cap[1]}")
-        from kdtree.kernels.jit import arch_for_capability, load_extension  # noqa: PLC0415
+        from kdtree.kernels.jit import load_for_capability  # noqa: PLC0415
 
-        _extensions[cap] = load_extension([arch_for_capability(cap)])
+        _extensions[cap] = load_for_capability(cap)
     return _extensions[cap]
 
 
