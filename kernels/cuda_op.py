@@ -16,6 +16,7 @@ memoised, and `launch_args` does the rest; `kdtree.tools.host_path_bench` times 
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -28,7 +29,7 @@ _PLAN_CACHE_SIZE = 4096
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _device_cache: dict[int, tuple[int, tuple[int, int]]] = {}  # index -> (SM count, capability)
-_extensions: dict[tuple[int, int], object] = {}
+_extensions: dict[tuple[int, int], ModuleType] = {}
 _plans: dict[tuple, LaunchPlan] = {}
 
 
@@ -38,7 +39,7 @@ class DeviceState(NamedTuple):
     index: int
     sm_count: int
     capability: tuple[int, int]
-    ext: object  # the extension module: ext.run(*launch_args(...))
+    ext: ModuleType  # the extension module: ext.run(*launch_args(...))
     workspace_ptrs: tuple[int, int]  # split partials (out rows, lse), kept alive by _workspaces
     stream: Callable[[int], int]  # device index -> its current raw cudaStream_t
 
@@ -69,7 +70,7 @@ def _device_facts(device: torch.device):
     return index, facts[0], facts[1]
 
 
-def _extension(device_index: int):
+def _extension(device_index: int) -> ModuleType:
     cap = _device_cache[device_index][1] if device_index in _device_cache else \
         torch.cuda.get_device_capability(device_index)
     if cap not in _extensions:

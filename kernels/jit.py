@@ -316,7 +316,11 @@ def load_extension(archs: Sequence[str]) -> ModuleType:
 
 def load_for_capability(capability: tuple[int, int]) -> ModuleType:
     """The extension a device of `capability` runs (`extension_archs`), built on first use."""
-    return load_extension(extension_archs(capability))
+    archs = extension_archs(capability)
+    module = load_extension(archs)
+    log.info("sm_%d%d GPUs run the tree-verify extension built for %s (%s)", capability[0], capability[1],
+             ", ".join(archs), module.__file__)
+    return module
 
 
 @dataclass(frozen=True)
