@@ -5,7 +5,8 @@ gates' requirement checks and the orchestrator's device report all ask here). Th
 is the one PyTorch's extension builder uses, so both agree on a machine with several toolkits:
 
 1. ``$CUDA_HOME``, then ``$CUDA_PATH`` (an explicit choice wins),
-2. the folder above the ``nvcc`` found on ``PATH``,
+2. the folder above the ``nvcc`` found on ``PATH``, when it holds a toolkit (not for a wrapper
+   script such as ``/usr/local/bin/nvcc``),
 3. ``/usr/local/cuda``.
 
 A tool is looked for in that toolkit's ``bin/`` first, then on ``PATH``. Nothing here imports
@@ -40,8 +41,14 @@ def cuda_home() -> Optional[Path]:
             return Path(value)
     on_path = shutil.which("nvcc")
     if on_path:
-        return Path(on_path).resolve().parent.parent
+        above = Path(on_path).resolve().parent.parent
+        if _is_toolkit(above):  # not a wrapper script in /usr/local/bin, say
+            return above
     return DEFAULT_HOME if DEFAULT_HOME.is_dir() else None
+
+
+def _is_toolkit(folder: Path) -> bool:
+    return (folder / "bin" / "nvcc").is_file() and ((folder / "nvvm").is_dir() or (folder / "include" / "cuda.h").is_file())
 
 
 def find_tool(name: str, *subfolders: str) -> Optional[str]:

@@ -213,7 +213,7 @@ def cache_root() -> Path:
 def build_key(archs: Sequence[str], nvcc: str) -> str:
     h = hashlib.sha256()
     for part in (source_hash(), " ".join(BASE_FLAGS + extra_flags()), ",".join(sorted(normalize_arch(a) for a in archs)),
-                 cuda_toolkit.nvcc_banner(nvcc), sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version):
+                 f"ptx={ptx_arch(archs)}", cuda_toolkit.nvcc_banner(nvcc), sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:20]

@@ -58,6 +58,7 @@ def test_cuda_path_is_read_when_cuda_home_is_unset(clean_env, tmp_path):
 def test_the_nvcc_on_path_names_the_toolkit(clean_env, tmp_path):
     home = tmp_path / "cuda-13.0"
     nvcc = _tool(home / "bin" / "nvcc", "13.0")
+    (home / "nvvm").mkdir()
     _tool(home / "compute-sanitizer" / "compute-sanitizer")  # where some toolkits keep it
     clean_env.setenv("PATH", str(nvcc.parent))
     tk = cuda_toolkit.locate()
@@ -80,3 +81,17 @@ def test_an_nvcc_that_cannot_run_has_no_version(clean_env, tmp_path):
     broken.chmod(0o755)
     assert cuda_toolkit.nvcc_version(str(broken)) is None
     assert cuda_toolkit.nvcc_banner(str(broken)) == ""
+
+
+def test_a_wrapper_script_on_path_is_not_taken_for_the_toolkit(clean_env, tmp_path):
+    wrapper = _tool(tmp_path / "usr-local" / "bin" / "nvcc")  # e.g. /usr/local/bin/nvcc: exec .../cuda-13.0/bin/nvcc
+    real = tmp_path / "cuda"
+    _tool(real / "bin" / "nvcc")
+    (real / "include").mkdir()
+    (real / "include" / "cuda.h").write_text("")
+    clean_env.setenv("PATH", str(wrapper.parent))
+    clean_env.setattr(cuda_toolkit, "DEFAULT_HOME", real)
+    assert cuda_toolkit.cuda_home() == real
+    assert cuda_toolkit.find_nvcc() == str(real / "bin" / "nvcc")
+    clean_env.setattr(cuda_toolkit, "DEFAULT_HOME", tmp_path / "none")
+    assert cuda_toolkit.cuda_home() is None and cuda_toolkit.find_nvcc() == str(wrapper)  # PATH still serves

@@ -223,3 +223,20 @@ def test_plugin_state_follows_kdtree_sglang(monkeypatch):
     assert plugin.disabled_by_env and not plugin.enabled
     if plugin.entry_point:  # installed (editable or wheel): the entry point names our register()
         assert plugin.entry_point == "kdtree = kdtree.integrations.sglang.plugin:register"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jit.cuda_toolkit.find_nvcc() is None, reason="nvcc is not installed")
+def test_a_real_build_carries_the_newest_archs_ptx_and_is_logged(monkeypatch, tmp_path, caplog):
+    import subprocess
+
+    monkeypatch.setenv("KDTREE_CACHE_DIR", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="kdtree.kernels.jit"):
+        so = jit.build_extension(["sm_120"])
+    assert so.parent.parent == tmp_path
+    assert [r.getMessage().split(": ")[1].split(" ")[0] for r in caplog.records] == ["started", "done"]
+    cuobjdump = jit.find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump to list the PTX with")
+    listed = subprocess.run([cuobjdump, "--list-ptx", str(so)], capture_output=True, text=True, timeout=120).stdout
+    assert "sm_120.ptx" in listed
