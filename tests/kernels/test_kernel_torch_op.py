@@ -120,3 +120,16 @@ def test_the_op_on_the_gpu_matches_the_oracle_eager_and_compiled():
     torch.testing.assert_close(compiled, eager_out * 2, rtol=0, atol=0)
     with pytest.raises(ValueError, match="q: the CUDA kernel needs CUDA tensors"):
         OP(*inp.to("cpu").args(), out.cpu(), None)
+
+
+def test_the_public_api_is_typed_and_listed():
+    import typing
+    from pathlib import Path
+
+    assert set(K.__all__) == {"pack_sglang_custom_mask", "pack_tree_masks", "set_debug", "tree_mask_from_parents",
+                              "tree_verify_mla"}
+    assert all(callable(getattr(K, name)) for name in K.__all__)
+    hints = typing.get_type_hints(K.tree_verify_mla)
+    assert hints["q"] is torch.Tensor and hints["return"] is torch.Tensor and hints["sm_scale"] is float
+    assert hints["out"] == typing.Optional[torch.Tensor]
+    assert (Path(K.__file__).parent / "py.typed").is_file()
