@@ -11,7 +11,9 @@ TORCH  ?= torch==2.13.0
 CONSTRAINTS ?= constraints/test.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean status lock
+SGLANG_CONSTRAINTS ?= constraints/sglang.txt
+
+.PHONY: run test venv clean status lock lock-sglang
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -48,5 +50,14 @@ lock:
 	  | grep -v -i -E '^(torch|triton|kdtree)'; } > $(CONSTRAINTS).tmp && mv $(CONSTRAINTS).tmp $(CONSTRAINTS)
 	rm -rf .venv-lock
 
+## lock-sglang: resolve the sglang and test extras together (pip --dry-run against the index, nothing
+# installed) into $(SGLANG_CONSTRAINTS), for `pip install ".[sglang]" -c $(SGLANG_CONSTRAINTS)`.
+lock-sglang: $(STAMP)
+	report=$$(mktemp) && $(PIP) install -q --dry-run --ignore-installed --report $$report ".[test,sglang]" && \
+	{ sed -n '/^#/p' $(SGLANG_CONSTRAINTS); $(PY) -c 'import json, sys; r = json.load(open(sys.argv[1])); \
+	  print("\n".join(sorted("%s==%s" % (i["metadata"]["name"], i["metadata"]["version"]) \
+	  for i in r["install"] if i["metadata"]["name"] != "kdtree-engine")))' $$report; } \
+	  > $(SGLANG_CONSTRAINTS).tmp && mv $(SGLANG_CONSTRAINTS).tmp $(SGLANG_CONSTRAINTS); rm -f $$report
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

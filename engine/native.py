@@ -1,8 +1,8 @@
 """The engine's native pieces, built on first use with the host C++ compiler and cached.
 
 `slot_runs()` returns the `_slot_runs` module (engine/csrc/slot_runs.cpp: Tier 0's allocator
-core) or None where it cannot be built (no C++ compiler, no Python headers), saying why once on
-stderr: `SortedRunAllocator` then runs its Python core, which gives the same answers, slower.
+core) or None where it cannot be built (no C++ compiler, no Python headers), saying why once in
+the ``kdtree.engine.native`` log: `SortedRunAllocator` then runs its Python core, which gives the same answers, slower.
 Builds go to `kdtree.kernels.jit.cache_root()/native/<key>/` (the key hashes the source, the
 compiler and the Python ABI) through `kdtree.kernels.jit.cached_build`: written into a temporary folder and renamed into place under a
 file lock, so concurrent processes never load half a library. ``KDTREE_NATIVE=0`` turns the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -22,6 +23,8 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
+
+log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCE = CSRC / "slot_runs.cpp"
@@ -89,8 +92,8 @@ def slot_runs() -> Optional[ModuleType]:
         return _load(build())
     except (NativeBuildError, ImportError, OSError) as err:
         _reasons.append(str(err))
-        print(f"kdtree.engine: the native allocator core is not available ({str(err).splitlines()[0]}); "
-              "using the Python core", file=sys.stderr)
+        log.warning("the native allocator core is not available (%s); using the Python core",
+                    str(err).splitlines()[0])
         return None
 
 

@@ -9,7 +9,8 @@ A gate is a pydantic spec (its thresholds, see `kdtree.gates.spec`) plus a check
 - a ``passed`` result that carries no figure ("measured nothing") is turned into ``error``;
 - KeyboardInterrupt and SystemExit propagate: an interrupted run is the runner's business.
 
-This module imports neither torch nor anything else of the project.
+This module imports neither torch nor anything else of the project but the toolkit locator
+(`kdtree.cuda_toolkit`, which lives in the root package for that reason).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kdtree import cuda_toolkit
 
 
 class Outcome(str, enum.Enum):
@@ -255,16 +258,16 @@ def missing_requirement(requires: list[str], ctx: GateContext) -> Optional[str]:
             if cap[0] * 10 + cap[1] < need:
                 return f"{req} not met: the GPU is sm_{cap[0]}{cap[1]}"
         elif req == "nvcc":
-            if _find_nvcc() is None:
-                return "nvcc is not on PATH and CUDA_HOME/bin/nvcc does not exist"
+            if cuda_toolkit.find_nvcc() is None:
+                return "nvcc was not found (CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda)"
         elif req == "triton":
             try:
                 import triton  # noqa: F401, PLC0415
             except Exception:
                 return "triton is not installed"
         elif req == "compute-sanitizer":
-            if shutil.which("compute-sanitizer") is None and not _cuda_tool("compute-sanitizer"):
-                return "compute-sanitizer is not on PATH"
+            if cuda_toolkit.find_compute_sanitizer() is None:
+                return "compute-sanitizer was not found (CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda)"
         elif req.startswith("exe:"):
             if shutil.which(req[4:]) is None:
                 return f"{req[4:]} is not on PATH"
@@ -285,19 +288,6 @@ def _why_cpu(ctx: GateContext) -> str:
     else:
         cause = "torch.cuda.is_available() is False"
     return f"no CUDA GPU is visible (--device {requested} chose cpu; {cause})"
-
-
-def _cuda_tool(name: str) -> Optional[str]:
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            cand = Path(root) / "bin" / name
-            if cand.exists():
-                return str(cand)
-    return None
-
-
-def _find_nvcc() -> Optional[str]:
-    return shutil.which("nvcc") or _cuda_tool("nvcc")
 
 
 CheckFn = Callable[[Any, GateContext], GateResult]

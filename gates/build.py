@@ -21,15 +21,13 @@ a specialised arch that lost its instructions fails).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from kdtree import cuda_toolkit
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.spec import BuildGateSpec
 
@@ -182,19 +180,8 @@ def scan_sass(text: str, forbidden: Sequence[str]) -> list[str]:
 
 
 def find_cuobjdump() -> Optional[str]:
-    """cuobjdump on PATH, under CUDA_HOME or /usr/local/cuda, or the one triton ships."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and (Path(root) / "bin" / "cuobjdump").exists():
-            return str(Path(root) / "bin" / "cuobjdump")
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin:
-        cand = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if cand.exists():
-            return str(cand)
-    return None
+    """cuobjdump from the CUDA toolkit (`kdtree.cuda_toolkit`) or the copy triton ships; None if none."""
+    return cuda_toolkit.find_cuobjdump()
 
 
 def nvcc_compiler(source: Path, out_dir: Path, *, flags: Sequence[str] = (), nvcc: str = "nvcc",

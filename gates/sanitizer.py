@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from kdtree import cuda_toolkit
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.spec import SanitizerGateSpec
 
@@ -71,16 +71,8 @@ def error_lines(text: str, limit: int = 5) -> list[str]:
 
 
 def find_compute_sanitizer() -> Optional[str]:
-    """compute-sanitizer on PATH, or under CUDA_HOME / CUDA_PATH / /usr/local/cuda."""
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root:
-            for rel in ("bin/compute-sanitizer", "compute-sanitizer/compute-sanitizer"):
-                if (Path(root) / rel).exists():
-                    return str(Path(root) / rel)
-    return None
+    """compute-sanitizer from the CUDA toolkit (`kdtree.cuda_toolkit`), or None."""
+    return cuda_toolkit.find_compute_sanitizer()
 
 
 def subprocess_runner(argv: list[str], env: dict[str, str], timeout_s: float, cwd: Optional[Path]) -> ToolRun:

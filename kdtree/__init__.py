@@ -6,4 +6,7 @@ as `kdtree.orchestrator`, `kdtree.kernels`, ... and never collide with unrelated
 such as `kernels` in an SGLang environment (from the repository root, see `kdtree.checkout`).
 """
 
-__version__ = "0.1.0"
+__all__ = ["__version__"]
+
+# The package's one version: pyproject reads it (dynamic version), the CLIs' --version print it.
+__version__ = "0.2.0"

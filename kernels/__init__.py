@@ -6,6 +6,8 @@
 Implementations, all with that signature: `tree_verify_mla` (the owned CUDA kernel, built on
 first call by `kdtree.kernels.jit`), `reference.tree_verify_mla_reference` (the oracle),
 `naive.tree_verify_mla_naive` (plain torch) and `triton_baseline.tree_verify_mla_triton`.
+The kernel is also the PyTorch operator ``torch.ops.kdtree.tree_verify_mla``
+(`kdtree.kernels.torch_op`), which is what torch.compile records when it traces a call.
 `cuda_op.launch` is the kernel's call with its variant and KV split count open (tests, tools);
 `plan` / `plan_bucket` return the `LaunchPlan` of a call or a CUDA-graph bucket, which
 ``launch(..., plan=plan)`` runs as it is.
@@ -13,14 +15,33 @@ Importing this package needs no GPU, nvcc or triton. The measurement tools (benc
 devcheck, ...) live in `kdtree.tools`; this package is the op and its build.
 """
 
-from kdtree.kernels.contract import set_debug  # noqa: F401
-from kdtree.kernels.launch_plan import LaunchPlan, plan, plan_bucket  # noqa: F401
-from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_mask_from_parents  # noqa: F401
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from kdtree.kernels.contract import LATENT_DIM, set_debug
+from kdtree.kernels.launch_plan import LaunchPlan, plan, plan_bucket
+from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_mask_from_parents
+from kdtree.kernels.torch_op import tree_verify_mla_op
+
+__all__ = ["LaunchPlan", "pack_sglang_custom_mask", "pack_tree_masks", "plan", "plan_bucket", "set_debug",
+           "tree_mask_from_parents", "tree_verify_mla"]
 
 
-def tree_verify_mla(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *,
-                    out=None, lse=None):
-    """The owned CUDA kernel (bf16 in/out, fp32 accumulation). Builds the extension on first call."""
+def tree_verify_mla(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                    kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
+                    out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The owned CUDA kernel: tree-verify MLA attention of ``q`` over the pool rows each request
+    names (bf16 in and out, fp32 accumulation), returned in ``out`` (allocated when None), with
+    the log-sum-exp written to ``lse`` when given. Shapes and rules: docs/design.md section 3; a
+    breach raises ValueError naming the argument. Builds the extension on first call."""
+    if torch.compiler.is_compiling():
+        if out is None:  # a q of the wrong rank gets the contract's message from the fake implementation
+            out = q.new_empty(q.shape[0], q.shape[1], LATENT_DIM) if q.dim() == 3 else q.new_empty(0)
+        tree_verify_mla_op(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse)
+        return out
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415 - lazy: needs nvcc + GPU
 
     return launch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse)

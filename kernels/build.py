@@ -1,26 +1,46 @@
-"""Compile the tree-verify kernel for one or more archs without a GPU and print ptxas' report.
+"""Compile the tree-verify kernel ahead of time: ptxas' report per arch, and the JIT warm-up.
 
-    python -m kdtree.kernels.build --arch sm_90 --arch sm_120 [--sass] [--extension]
+    python -m kdtree.kernels.build --arch sm_90a --arch sm_120 [--sass]   # the report, no GPU needed
+    python -m kdtree.kernels.build --extension                           # warm-up on the GPU machine
+    python -m kdtree.kernels.build --extension --arch sm_90a --arch sm_120   # warm-up for those GPUs
 
-For each arch: registers, spills, stack frame and static shared memory per kernel (from
-``nvcc -Xptxas -v``), the dynamic shared memory each kernel is launched with (read from the
-compiled object's records), and, where cuobjdump is available, the tensor-core instructions
-found in the SASS (HMMA expected; HGMMA / UTC* would break sm_120 portability). ``--extension``
-also builds the loadable extension into the JIT cache. Exit status 1 when any compile fails,
-2 when the arguments or the toolchain are wrong.
+The report, for each ``--arch``: registers, spills, stack frame and static shared memory per
+kernel (from ``nvcc -Xptxas -v``), the dynamic shared memory each kernel is launched with (read
+from the compiled object's records), and, with ``--sass`` where cuobjdump is found, the
+tensor-core instructions in the SASS (HMMA expected; HGMMA only in sm_90a, whose wgmma variant
+runs on compute capability 9.0; UTC* would break sm_120 portability). The report compiles each
+arch as named: ``sm_90`` is the plain Hopper target (no wgmma), ``sm_90a`` the one a 9.0 GPU runs.
+
+``--extension`` builds the loadable extension into the JIT cache exactly as the first kernel
+call would (`kdtree.kernels.jit.extension_archs`): without ``--arch`` for each GPU this machine
+sees, with ``--arch`` for GPUs of those archs (``sm_90`` and ``sm_90a`` both mean a 9.0 GPU,
+which loads the sm_90a build). With $KDTREE_CUDA_ARCHS or $TORCH_CUDA_ARCH_LIST set, that is
+one extension for the archs it names. Run it once after installing so the first call of a
+server does not wait for nvcc.
+
+Exit status 1 when a compile fails, 2 when the arguments or the machine (no nvcc, no GPU to
+build for) are wrong.
 """
 
 from __future__ import annotations
 
-import argparse
+import logging
 import re
-import sys
 from collections import Counter
+from pathlib import Path
+from typing import Optional
 
-from kdtree.kernels import cli
-from kdtree.kernels.jit import JitError, build_extension, compile_arch, normalize_arch
+import click
+
+from kdtree.cli_support import MachineError, common_options, run
+from kdtree.kernels.jit import JitError, build_extension, capability_of, compile_arch, extension_archs, normalize_arch
+
+__all__ = ["DEFAULT_ARCHS", "main", "summarize_sass", "visible_capabilities", "warm_up"]
+
+log = logging.getLogger(__name__)
 
 _OPCODES = ("HMMA", "HGMMA", "UTCHMMA", "UTCQMMA", "LDGSTS", "LDSM", "LDL", "STL")
+DEFAULT_ARCHS = ("sm_90a", "sm_120")
 
 
 def summarize_sass(sass: str) -> dict[str, int]:
@@ -29,41 +49,90 @@ def summarize_sass(sass: str) -> dict[str, int]:
     return {op: counts.get(op, 0) for op in _OPCODES}
 
 
-def _arch(text: str) -> str:
+def visible_capabilities() -> list[tuple[int, int]]:
+    """The compute capability of each GPU torch sees here (empty without torch or a GPU)."""
     try:
-        return normalize_arch(text)
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+
+
+def warm_up(capabilities: list[tuple[int, int]]) -> list[tuple[list[str], Path]]:
+    """Build (or find in the cache) the extension each capability loads; (archs, path) per build."""
+    built: list[tuple[list[str], Path]] = []
+    for cap in capabilities:
+        archs = extension_archs(cap)
+        if any(archs == done for done, _ in built):
+            continue
+        built.append((archs, build_extension(archs)))
+    return built
+
+
+def _arch(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(normalize_arch(v) for v in values)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise click.BadParameter(str(exc)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kdtree.kernels.build", description=__doc__.split("\n")[0])
-    ap.add_argument("--arch", action="append", type=_arch, default=None, help="sm_90, sm_120, ... (repeatable)")
-    ap.add_argument("--sass", action="store_true", help="also print the opcode summary of the SASS")
-    ap.add_argument("--extension", action="store_true", help="also build the loadable extension (JIT cache)")
-    args = ap.parse_args(argv)
-    archs = args.arch or ["sm_90", "sm_120"]
-    status = 0
+def _report(arch: str, sass: bool) -> bool:
+    result = compile_arch(arch, sass=sass)
+    click.echo(f"== {result.arch}: {'ok' if result.returncode == 0 else 'FAILED'}")
+    for line in result.ptxas_log.splitlines():
+        if result.returncode != 0 or "ptxas" in line or "error" in line or "spill" in line:
+            click.echo("  " + line.strip())
+    for record in result.smem_records:
+        click.echo(f"  dynamic shared memory {record.kernel}: {record.dynamic_smem_bytes} bytes "
+                   f"({record.threads} threads)")
+    if sass:
+        click.echo(f"  SASS: {summarize_sass(result.sass) if result.sass else 'cuobjdump not found'}")
+    return result.returncode == 0
+
+
+@click.command(help=__doc__.split("\n")[0])
+@click.option("--arch", "archs", multiple=True, callback=_arch, metavar="ARCH",
+              help="sm_90a, sm_120, ... (repeatable). Report: default sm_90a and sm_120. "
+                   "--extension: build for GPUs of these archs instead of the visible ones.")
+@click.option("--sass", is_flag=True, help="Also print the opcode summary of the SASS.")
+@click.option("--extension", is_flag=True,
+              help="Build the extension each GPU loads into the JIT cache (the warm-up), instead of the report.")
+@common_options
+def main(archs: tuple[str, ...], sass: bool, extension: bool) -> None:
     try:
-        for arch in archs:
-            result = compile_arch(arch, sass=args.sass)
-            print(f"== {result.arch}: {'ok' if result.returncode == 0 else 'FAILED'}")
-            for line in result.ptxas_log.splitlines():
-                if result.returncode != 0 or "ptxas" in line or "error" in line or "spill" in line:
-                    print("  " + line.strip())
-            for record in result.smem_records:
-                print(f"  dynamic shared memory {record.kernel}: {record.dynamic_smem_bytes} bytes "
-                      f"({record.threads} threads)")
-            if args.sass:
-                print("  SASS:", summarize_sass(result.sass) if result.sass else "cuobjdump not found")
-            status |= result.returncode != 0
-        if args.extension:
-            print("extension:", build_extension(archs))
+        if extension:
+            _extension(archs)
+            return
+        failed = [arch for arch in (archs or DEFAULT_ARCHS) if not _report(arch, sass)]
     except JitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return int(status)
+        raise MachineError(str(exc).splitlines()[0]) from None
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def _extension(archs: tuple[str, ...]) -> None:
+    capabilities: list[tuple[int, int]] = sorted({capability_of(a) for a in archs}) if archs else visible_capabilities()
+    if not capabilities:
+        raise MachineError("no CUDA GPU is visible here, so there is nothing to build for: "
+                           "name the GPUs' archs with --arch (e.g. --arch sm_90a --arch sm_120)")
+    for arch in archs:
+        if arch == "sm_90":
+            log.info("--arch sm_90: a 9.0 GPU loads the sm_90a build (with the wgmma variant); building that")
+    try:
+        built = warm_up(capabilities)
+    except JitError as exc:
+        if "failed:" not in str(exc):
+            raise
+        raise click.ClickException(str(exc)) from None  # exit 1; the compiler's output is the message
+    for built_archs, path in built:
+        click.echo(f"extension ({', '.join(built_archs)}): {path}")
+
+
+def _main(args: Optional[list[str]] = None) -> None:
+    run(main, args, prog_name="python -m kdtree.kernels.build")
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    _main()

@@ -18,6 +18,7 @@ are memoised, and `launch_args` does the rest; `kdtree.tools.host_path_bench` ti
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -30,7 +31,7 @@ from kdtree.kernels.runs import KVRuns
 _PLAN_CACHE_SIZE = 4096
 
 _workspaces: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_extensions: dict[tuple[int, int], object] = {}
+_extensions: dict[tuple[int, int], ModuleType] = {}
 _plans: dict[tuple, LaunchPlan] = {}
 
 
@@ -40,7 +41,7 @@ class DeviceState(NamedTuple):
     index: int
     sm_count: int
     capability: tuple[int, int]
-    ext: object  # the extension module: ext.run(launch_args(...))
+    ext: ModuleType  # the extension module: ext.run(launch_args(...))
     workspace_ptrs: tuple[int, int]  # split partials (out rows, lse), kept alive by _workspaces
     stream: Callable[[int], int]  # device index -> its current raw cudaStream_t
     shared_memory_per_block_optin: Optional[int] = None  # None: not known
@@ -98,15 +99,15 @@ def _current_device_getter() -> Callable[[], int]:
 _current_device = _current_device_getter()
 
 
-def _extension(device_index: int):
+def _extension(device_index: int) -> ModuleType:
     cap = device_facts(device_index).capability
     if cap not in _extensions:
         if cap < (8, 0):
             raise RuntimeError(f"the tree-verify kernel needs sm_80 or newer (mma.sync bf16, cp.async); "
                                f"device {device_index} is sm_{cap[0]}{cap[1]}")
-        from kdtree.kernels.jit import arch_for_capability, load_extension  # noqa: PLC0415
+        from kdtree.kernels.jit import load_for_capability  # noqa: PLC0415
 
-        ext = load_extension([arch_for_capability(cap)])
+        ext = load_for_capability(cap)
         fields = tuple(getattr(ext, "launch_fields", ()))
         if fields != LaunchParams._fields:
             raise RuntimeError(f"the loaded extension ({getattr(ext, '__file__', ext)}) takes launch fields "

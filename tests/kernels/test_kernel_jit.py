@@ -24,10 +24,13 @@ def test_arch_names_normalise():
         jit.normalize_arch("hopper")
 
 
-def test_missing_nvcc_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
-    monkeypatch.setattr(jit.Path, "exists", lambda self: False)
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    from kdtree import cuda_toolkit
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nonexistent"))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(cuda_toolkit, "DEFAULT_HOME", tmp_path / "no-cuda")
     with pytest.raises(jit.JitError, match="nvcc was not found"):
         jit.find_nvcc()
 
@@ -104,11 +107,14 @@ def test_extension_builds_into_the_cache_and_reports_the_records_shared_memory(t
 
 
 @needs_nvcc
-def test_build_cli_prints_the_resource_report(capsys):
+def test_build_cli_prints_the_resource_report():
+    from click.testing import CliRunner
+
     from kdtree.kernels.build import main
 
-    assert main(["--arch", "sm_120", "--sass"]) == 0
-    out = capsys.readouterr().out
+    result = CliRunner().invoke(main, ["--arch", "sm_120", "--sass"])
+    assert result.exit_code == 0, result.output
+    out = result.output
     assert "== sm_120: ok" in out and "0 bytes spill stores" in out
     assert "'HGMMA': 0" in out or "cuobjdump not found" in out
     assert "dynamic shared memory _ZN6kdtree25tree_verify_mla_ws_kernelENS_16TreeVerifyParamsE:" in out

@@ -26,7 +26,7 @@ def _run(*args, **kwargs):
 def test_build_refuses_a_bogus_arch():
     done = _run("kdtree.kernels.build", "--arch", "bogus")
     assert done.returncode == 2, done.stderr
-    assert "argument --arch: arch 'bogus': expected something like sm_90 or sm_120" in done.stderr
+    assert "Invalid value for '--arch': arch 'bogus': expected something like sm_90 or sm_120" in done.stderr
     assert "Traceback" not in done.stderr
 
 
