@@ -52,6 +52,7 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "mbarrier_sm90.cuh"
 #include "tree_verify_mla_common.cuh"
 #include "wgmma_sm90a.cuh"
 
@@ -96,38 +97,9 @@ static_assert(kBlockN % 32 == 0 && kHeadDim % 64 == 0, "tile geometry");
 // V (the tile's first 512 columns) as PV's MN-major B operand: LBO = one 64-column block, SBO =
 // 8 keys. WG_V_DESC_SWAP=1 swaps the two (a diagnosis build, in case a device disagrees with this
 // reading of the descriptor format; a correct build defines nothing).
-#ifndef WG_V_DESC_SWAP
-#define WG_V_DESC_SWAP 0
-#endif
 __device__ __forceinline__ uint64_t make_v_desc(uint32_t addr) {
   return WG_V_DESC_SWAP ? sm90a::make_desc(addr, 1024, wg::kBlockBytes) : sm90a::make_desc(addr, wg::kBlockBytes, 1024);
 }
-
-// KD_WG_PRODUCER: how the producer warpgroup gathers a tile. 0 (v1): a thread pair per row, half
-// sectors per warp instruction, each thread waiting for its copies; 1: eight lanes per 128-byte
-// piece of a row (whole sectors), next tile's slot ids loaded while the copies fly, still
-// waiting; 2 (default): as 1, but the copies arrive on the stage's barrier when they land
-// (cp.async.mbarrier.arrive.noinc) and the producer goes straight on to the next free stage.
-#ifndef KD_WG_PRODUCER
-#define KD_WG_PRODUCER 2
-#endif
-// KD_WG_PFREE_ARRIVE=1: warpgroup 1 frees P with bar.arrive (v1); compute-sanitizer's racecheck
-// reports its rescale-factor read against warpgroup 0's next write, so both sides bar.sync by
-// default (warpgroup 1 has nothing to do until the next P anyway).
-#ifndef KD_WG_PFREE_ARRIVE
-#define KD_WG_PFREE_ARRIVE 0
-#endif
-
-// KD_WG_SEESAW=1 (experimental, not yet run on a GPU): the consumers take tiles in pairs, as
-// FlashMLA's published "seesaw" schedule (docs/20250422-new-kernel-deep-dive.md there): warpgroup 0
-// computes S, the softmax and P of tile a = 2 i, warpgroup 1 those of tile b = 2 i + 1, each
-// applying the other's max and rescale factors through shared memory, so one warpgroup's softmax
-// runs while the other's MMAs keep the tensor pipe busy; P goes to the other warpgroup through
-// the one P buffer (P_a, then P_b once warpgroup 1's P_a V_a is done). Row sums are kept per
-// warpgroup in the common frame and added at the end. Default 0: the schedule above.
-#ifndef KD_WG_SEESAW
-#define KD_WG_SEESAW 0
-#endif
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KD_WGMMA_BODY 0  // a device pass for another arch: the kernel exists but traps
@@ -177,30 +149,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int pt = tid - kConsumers;
     const SlotSource slots = slot_source(p, b, kv0);
-#if KD_WG_PRODUCER == 0
-    const int j = pt >> 1, c0 = (pt & 1) * (kChunks / 2);
-    const uint32_t x = j & 7;
-    for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) mbar_wait(&empty[stage], ((it / kStages) - 1) & 1);
-      if (!hooks::kSkipLoads) {
-        const int base = kbeg + it * kBN;
-        const uint32_t dst0 = sbase + Smem::k_off + stage * kTileBytes;
-        const bool valid = base + j < kend;
-        const int slot = valid ? slot_at(slots, base + j) : 0;
-        const __nv_bfloat16* src = p.kv + static_cast<int64_t>(slot) * kHeadDim;
-        const uint32_t row_dst = dst0 + j * 128;
-        const int nbytes = valid ? 16 : 0;  // 0: zero-fill (keys past the split's end)
-#pragma unroll 4
-        for (int c = c0; c < c0 + kChunks / 2; ++c)
-          cp_async_16_s(row_dst + (c >> 3) * kBlockBytes + (((c & 7) ^ x) << 4), src + c * 8, nbytes);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async_shared();  // this thread's copies, into the async proxy the MMAs read through
-      }
-      mbar_arrive(&full[stage]);
-    }
-#else
     // Eight lanes copy one 128-byte piece of a row (whole 32-byte sectors, one row's 64-column
     // block per lane group), so a warp instruction moves four rows' pieces; the warpgroup covers
     // 16 rows per instruction and this thread rows 16 r + 4 pw + rr (r < 4) of every tile.
@@ -235,17 +183,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
           cp_async_16_s(dst0 + kb * kBlockBytes + j * 128, src + kb * 64, valid ? 16 : 0);
       }
       if (it + 1 < num_tiles) fetch_slots(it + 1);  // the next tile's slot ids load while these copies fly
-#if KD_WG_PRODUCER == 1
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      mbar_arrive(&full[stage]);
-#else
       cp_async_mbar_arrive_noinc(smem_addr(&full[stage]));  // the consumers fence the bytes into the async proxy
-#endif
     }
     cp_async_wait<0>();
-#endif
     return;
   }
 
@@ -563,7 +503,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       const int tile_base = kbeg + it * kBN;
       const uint32_t kaddr = sbase + Smem::k_off + stage * kTileBytes;
       mbar_wait(&full[stage], (it / kStages) & 1);
-      if (KD_WG_PRODUCER == 2) fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
+      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
 
       float s[32];
       const uint64_t dk = make_desc(kaddr, 16, 1024);
@@ -693,7 +633,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       const int stage = it % kStages;
       const uint32_t kaddr = sbase + Smem::k_off + stage * kTileBytes;
       mbar_wait(&full[stage], (it / kStages) & 1);
-      if (KD_WG_PRODUCER == 2) fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
+      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
       named_barrier_sync(kBarPFull, kConsumers);
       const float a0 = sAlpha[r_lo], a1 = sAlpha[r_lo + 8];
       if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
@@ -715,8 +655,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       wgmma_wait<0>();
       fence_operands(o);
       if (it + 1 < num_tiles) {
-        if (KD_WG_PFREE_ARRIVE) named_barrier_arrive(kBarPFree, kConsumers);
-        else named_barrier_sync(kBarPFree, kConsumers);
+        named_barrier_sync(kBarPFree, kConsumers);
       }
       mbar_arrive(&empty[stage]);
     }
