@@ -25,8 +25,8 @@
 //   fence the producer's bytes into the async proxy after each `full` wait. P and its rescale
 //   factors are handed over with named barriers synced on both sides (racecheck-clean).
 // The consumers' stages (QK, mask + online softmax, P to registers and to shared memory, O's
-// rescale, the two PV forms) are the named functions below; `consume_default` and
-// `consume_seesaw` are the two schedules built from them (KD_WG_SEESAW, knobs.cuh, picks one).
+// rescale, the two PV forms) are the named functions below; the kernel runs this default
+// schedule with them, and `consume_seesaw` an alternative one (KD_WG_SEESAW=1, knobs.cuh).
 //
 // What bounds it (per 64-key tile and CTA): FLOPs 2 x 64 x 64 x (576 + 512) = 8.9 M, i.e.
 // 2176 clocks of one SM's dense bf16 tensor rate (4096 FLOP/clk); bytes gathered 64 x 1152 =
@@ -131,7 +131,10 @@ struct RowMasks {
   const int32_t* row[2];
 };
 
-__device__ __forceinline__ uint32_t stage_addr(uint32_t sbase, int stage) { return sbase + Smem::k_off + stage * kTileBytes; }
+// The shared-memory address of a ring stage.
+__device__ __forceinline__ uint32_t stage_addr(uint32_t sbase, int stage) {
+  return sbase + Smem::k_off + stage * kTileBytes;
+}
 
 // ---------------- consumer stages ----------------
 
@@ -142,7 +145,8 @@ __device__ __forceinline__ void load_q(const TreeVerifyParams& p, const Cta& c, 
     const int r = i / kChunks, ch = i % kChunks;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (c.br.row0 + r < c.br.rows) v = __ldg(qg + static_cast<int64_t>(r) * kChunks + ch);
-    *reinterpret_cast<uint4*>(c.smem + Smem::q_off + (ch >> 3) * (kBM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = v;
+    const int off = Smem::q_off + (ch >> 3) * (kBM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+    *reinterpret_cast<uint4*>(c.smem + off) = v;
   }
   fence_proxy_async_shared();
   named_barrier_sync(kBarQ, kConsumers);
@@ -274,7 +278,8 @@ __device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint64_t dp, uint32
   const uint64_t dv = make_v_desc(vaddr);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
   wgmma_commit();
 }
 
@@ -331,7 +336,8 @@ __device__ __forceinline__ void consume_seesaw_wg0(const TreeVerifyParams& p, co
     for (int h = 0; h < 2; ++h) m_in[h] = i == 0 ? minus_infinity() : c.sM[t.r_lo + 8 * h];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + 2 * i * kBN, c.br.kend, c.br.Lp, m_in[h], m_a[h], sa[h]);
+      psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + 2 * i * kBN, c.br.kend, c.br.Lp,
+                            m_in[h], m_a[h], sa[h]);
     pack_p(s, pa);
     store_p(c.smem, pa, t);  // P_a for warpgroup 1's half of P_a V_a
     fence_proxy_async_shared();
@@ -404,7 +410,8 @@ __device__ __forceinline__ void consume_seesaw_wg1(const TreeVerifyParams& p, co
     if (has_b) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + (2 * i + 1) * kBN, c.br.kend, c.br.Lp, m_a[h], m_b[h], sb[h]);
+        psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + (2 * i + 1) * kBN, c.br.kend,
+                              c.br.Lp, m_a[h], m_b[h], sb[h]);
       __syncwarp();
       if (t.t4 == 0) {
         c.sM[t.r_lo] = m_b[0];
@@ -513,7 +520,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     // Eight lanes copy one 128-byte piece of a row (whole 32-byte sectors, one row's 64-column
     // block per lane group), so a warp instruction moves four rows' pieces; the warpgroup covers
     // 16 rows per instruction and this thread rows 16 r + 4 pw + rr (r < 4) of every tile.
-    // (Inline rather than a function: as one, it compiles to other SASS.)
+    // (Kept inline: moved into a function, it changes how nvcc allocates the whole kernel.)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int pt = tid - kConsumers;
     const SlotSource slots = slot_source(p, b, br.kv0);
