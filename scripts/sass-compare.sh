@@ -20,6 +20,9 @@ usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -ge 2 ] || usage
 REV_A=$1 REV_B=$2; shift 2
 [ $# -gt 0 ] || set -- sm_120 sm_90a
+for spec in "$@"; do
+  case "${spec%%:*}" in sm_[0-9]*) ;; *) echo "error: build '$spec': expected sm_NN[a][:flags], e.g. sm_90a:-DKD_SKIP=8" >&2; exit 2 ;; esac
+done
 ROOT=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel) || exit 2
 CACHE=${SASS_CACHE:-/tmp/kdtree-sass}
 NVCC=${NVCC:-nvcc}
@@ -105,7 +108,6 @@ echo "A = $REV_A ($( [ "$REV_A" = worktree ] && echo uncommitted || git -C "$ROO
 status=0
 for spec in "$@"; do
   arch=${spec%%:*}; flags=""; [ "$spec" != "$arch" ] && flags=${spec#*:}
-  case "$arch" in sm_[0-9]*) ;; *) echo "error: build '$spec': expected sm_NN[a][:flags]" >&2; exit 2 ;; esac
   da=$(build "$REV_A" "$arch" "$flags") || exit 2
   db=$(build "$REV_B" "$arch" "$flags") || exit 2
   normalise "$da/sass.txt" > "$da/norm.txt"; normalise "$db/sass.txt" > "$db/norm.txt"
