@@ -1,7 +1,6 @@
 // Every -D build switch of the kernels, all in one place. A real build defines none of them:
-// each then takes the default below (the measured-best choice), and the test hooks are
-// compile-time constants or identities, so the kernels compile to exactly what they would without
-// hooks. Builds set them through KDTREE_NVCC_FLAGS (kdtree.kernels.jit); the figures behind each
+// each then takes its default below, and the test hooks are compile-time constants or
+// identities, so the kernels compile to exactly what they would without hooks. Builds set them through KDTREE_NVCC_FLAGS (kdtree.kernels.jit); the figures behind each
 // default are in plans/0002-sm120-verify-kernel-defrag.md's kernel versions table.
 //
 // Test hooks:
