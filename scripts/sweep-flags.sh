@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU call: time the kernel built with each set of experiment flags (KDTREE_NVCC_FLAGS, e.g.
-# -DKD_L2_PREFETCH=2 or -DKD_SKIP=8) and each variant, on the same configs.
+# One GPU call: time the kernel built with each set of experiment flags (KDTREE_NVCC_FLAGS; the
+# knobs are in kernels/csrc/knobs.cuh, e.g. -DWS_BN=16 -DWS_STAGES=4 or -DKD_SKIP=8) and each
+# variant, on the same configs.
 #   CONFIGS="64,16,8,32768;8,16,1,131072" VARIANTS="ws base16" bash scripts/sweep-flags.sh "" "-DKD_SKIP=8"
 # Every flag set is built first, in parallel (the JIT cache keys on the flags); "" is the
 # production build; VARIANTS empty = the dispatcher's choice. Timing is devcheck's (the tools' queued timer).

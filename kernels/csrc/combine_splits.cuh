@@ -16,14 +16,8 @@ namespace kdtree {
 // meet in shared memory. The weights exp(lse_s - max) are computed once per CTA. One CTA per row
 // with one load in flight per thread was latency-bound: 28.6 us for 32 rows x 132 splits on the
 // H200 (ncu), against the main kernel's 21 us.
-#ifndef KD_COMBINE_WARPS
-#define KD_COMBINE_WARPS 4
-#endif
-constexpr int kCombineThreads = 32 * KD_COMBINE_WARPS;
+constexpr int kCombineThreads = 32 * KD_COMBINE_WARPS;  // KD_COMBINE_WARPS, KD_COMBINE_UNROLL: knobs.cuh
 constexpr int kCombineQuarters = kValueDim / 128;
-#ifndef KD_COMBINE_UNROLL
-#define KD_COMBINE_UNROLL 8
-#endif
 constexpr int kCombineUnroll = KD_COMBINE_UNROLL;
 constexpr int kMaxSplits = 1024;
 

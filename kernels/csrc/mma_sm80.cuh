@@ -1,6 +1,7 @@
-// Thin wrappers over the sm_80+ instructions the tree-verify kernel uses: cp.async (16-byte,
-// zero-filling), ldmatrix and mma.sync m16n8k16 bf16 -> fp32. Everything here exists on sm_80,
-// sm_90 and sm_120; nothing Hopper-only (no wgmma, no TMA tensor maps, no tcgen05).
+// Thin wrappers over the sm_80+ instructions the tree-verify kernels use: cp.async (16-byte,
+// zero-filling), ldmatrix, mma.sync m16n8k16 bf16 -> fp32 and named barriers. Everything here
+// exists on sm_80, sm_90 and sm_120. The sm_90+ mbarriers and bulk copy are in mbarrier_sm90.cuh,
+// the sm_90a-only warpgroup MMAs in wgmma_sm90a.cuh.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,10 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// The same copy to a 32-bit shared-memory address.
+__device__ __forceinline__ void cp_async_16_s(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -61,43 +66,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-}  // namespace kdtree
-
-// ---- mbarrier + bulk copy (sm_90 and sm_120; not sm_80) ----
-namespace kdtree {
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+// Named barriers (id 0 is __syncthreads): wait for `threads` threads, or arrive without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// One contiguous global -> shared copy by the bulk copy engine, completing on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 // Named barrier that also ORs a predicate over the participating threads.
 __device__ __forceinline__ bool named_barrier_sync_or(int id, int threads, bool pred) {
@@ -109,8 +83,6 @@ __device__ __forceinline__ bool named_barrier_sync_or(int id, int threads, bool 
       : "memory");
   return out != 0;
 }
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 }  // namespace kdtree
+

@@ -9,7 +9,7 @@
 #include <math_constants.h>
 
 #include "mma_sm80.cuh"
-#include "test_hooks.cuh"
+#include "knobs.cuh"
 #include "tree_verify_mla_launch.h"
 
 namespace kdtree {

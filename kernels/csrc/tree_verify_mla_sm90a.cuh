@@ -1,6 +1,6 @@
 // MLA tree-verify attention, Hopper variant ("wgmma", sm_90a only): warpgroup MMAs with their
-// operands in 128-byte-swizzled shared memory, a producer warp gathering KV rows with cp.async
-// into a two-stage ring guarded by mbarriers, and two consumer warpgroups.
+// operands in 128-byte-swizzled shared memory, a producer warpgroup gathering KV rows with
+// cp.async into a two-stage ring guarded by mbarriers, and two consumer warpgroups.
 //
 // Same op contract, packed tree mask, online softmax numerics (log2 units, lazy rescale),
 // epilogue, lse and split-KV partials as the other variants (tree_verify_mla_common.cuh), so
@@ -15,9 +15,7 @@
 //                  swizzle and a TMA tensor map cannot gather rows of page size 1); the copies
 //                  arrive on the stage's `full` mbarrier as they land (cp.async.mbarrier.arrive
 //                  .noinc) while the producer loads the next tile's slot ids and waits for the next
-//                  free stage. Rows past the split's end are zero-filled. (v1, KD_WG_PRODUCER=0:
-//                  a thread pair per row, half-used sectors, each thread waiting for its copies:
-//                  2.3x slower on the H200.)
+//                  free stage. Rows past the split's end are zero-filled.
 //   warpgroup 0    S = Q K^T (36 x wgmma m64n64k16, A = Q and B = K from shared memory), mask +
 //                  online softmax in registers, P (bf16) and the rows' rescale factors to shared
 //                  memory for warpgroup 1, then O[:, 0:256] = alpha O + P V (4 x wgmma m64n256k16,
@@ -26,6 +24,9 @@
 //   Both release the stage on its `empty` mbarrier once their MMAs on it have completed, and
 //   fence the producer's bytes into the async proxy after each `full` wait. P and its rescale
 //   factors are handed over with named barriers synced on both sides (racecheck-clean).
+// The consumers' stages (QK, mask + online softmax, P to registers and to shared memory, O's
+// rescale, the two PV forms) are the named functions below; the kernel runs this default
+// schedule with them, and `consume_seesaw` an alternative one (KD_WG_SEESAW=1, knobs.cuh).
 //
 // What bounds it (per 64-key tile and CTA): FLOPs 2 x 64 x 64 x (576 + 512) = 8.9 M, i.e.
 // 2176 clocks of one SM's dense bf16 tensor rate (4096 FLOP/clk); bytes gathered 64 x 1152 =
@@ -43,15 +44,15 @@
 // slack = 231200 B <= 232448 B (sm_90's per-block opt-in maximum). Registers: O is 64 x 256 fp32
 // per warpgroup (128 per thread) + S (32) + P (16): within the 232 setmaxnreg gives a consumer.
 //
-// KD_BREAK (test_hooks.cuh) applies as in the other variants; of KD_SKIP only 8 (no tile loads)
-// and 16 (no combine) are honoured here. KD_WG_SEESAW=1 swaps in an experimental pair schedule for
-// the consumers (see there; not yet run on a GPU).
+// KD_BREAK (knobs.cuh) applies as in the other variants; of KD_SKIP only 8 (no tile loads) and 16
+// (no combine) are honoured here.
 #pragma once
 
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "mbarrier_sm90.cuh"
 #include "tree_verify_mla_common.cuh"
 #include "wgmma_sm90a.cuh"
 
@@ -73,7 +74,8 @@ constexpr int kRescaleLog2 = 8;         // as the ws variant: the running max mo
 constexpr int kValueHalf = kValueDim / 2;  // output columns per consumer warpgroup
 // Named barriers (0 is __syncthreads).
 constexpr int kBarQ = 1, kBarPFull = 2, kBarPFree = 3, kBarEpilogue = 4;
-constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // KD_WG_SEESAW: tile a's stats and P, tile b's stats, P_b
+constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // seesaw: tile a's stats and P, tile b's stats, P_b
+constexpr bool kSeesaw = KD_WG_SEESAW != 0;       // knobs.cuh
 struct Smem {
   static constexpr int q_off = 0;
   static constexpr int k_off = q_off + kQBytes;
@@ -94,40 +96,380 @@ static_assert(kBlockN % 32 == 0 && kHeadDim % 64 == 0, "tile geometry");
 }  // namespace wg
 
 // V (the tile's first 512 columns) as PV's MN-major B operand: LBO = one 64-column block, SBO =
-// 8 keys. WG_V_DESC_SWAP=1 swaps the two (a diagnosis build, in case a device disagrees with this
-// reading of the descriptor format; a correct build defines nothing).
-#ifndef WG_V_DESC_SWAP
-#define WG_V_DESC_SWAP 0
-#endif
+// 8 keys (WG_V_DESC_SWAP=1, knobs.cuh, swaps the two).
 __device__ __forceinline__ uint64_t make_v_desc(uint32_t addr) {
   return WG_V_DESC_SWAP ? sm90a::make_desc(addr, 1024, wg::kBlockBytes) : sm90a::make_desc(addr, wg::kBlockBytes, 1024);
 }
 
-// KD_WG_PRODUCER: how the producer warpgroup gathers a tile. 0 (v1): a thread pair per row, half
-// sectors per warp instruction, each thread waiting for its copies; 1: eight lanes per 128-byte
-// piece of a row (whole sectors), next tile's slot ids loaded while the copies fly, still
-// waiting; 2 (default): as 1, but the copies arrive on the stage's barrier when they land
-// (cp.async.mbarrier.arrive.noinc) and the producer goes straight on to the next free stage.
-#ifndef KD_WG_PRODUCER
-#define KD_WG_PRODUCER 2
-#endif
-// KD_WG_PFREE_ARRIVE=1: warpgroup 1 frees P with bar.arrive (v1); compute-sanitizer's racecheck
-// reports its rescale-factor read against warpgroup 0's next write, so both sides bar.sync by
-// default (warpgroup 1 has nothing to do until the next P anyway).
-#ifndef KD_WG_PFREE_ARRIVE
-#define KD_WG_PFREE_ARRIVE 0
-#endif
+namespace wg {
+using namespace sm90a;
 
-// KD_WG_SEESAW=1 (experimental, not yet run on a GPU): the consumers take tiles in pairs, as
-// FlashMLA's published "seesaw" schedule (docs/20250422-new-kernel-deep-dive.md there): warpgroup 0
-// computes S, the softmax and P of tile a = 2 i, warpgroup 1 those of tile b = 2 i + 1, each
-// applying the other's max and rescale factors through shared memory, so one warpgroup's softmax
-// runs while the other's MMAs keep the tensor pipe busy; P goes to the other warpgroup through
-// the one P buffer (P_a, then P_b once warpgroup 1's P_a V_a is done). Row sums are kept per
-// warpgroup in the common frame and added at the end. Default 0: the schedule above.
-#ifndef KD_WG_SEESAW
-#define KD_WG_SEESAW 0
-#endif
+// What every stage of one CTA reads: its shared memory and its work range.
+struct Cta {
+  uint8_t* smem;        // the dynamic window, 1024-byte aligned
+  uint32_t sbase;       // its shared-memory address
+  uint64_t* full;       // per stage: the producer's bytes have landed
+  uint64_t* empty;      // per stage: both consumer warpgroups are done with it
+  float* sAlpha;        // rows' rescale factors, handed to warpgroup 1 with P
+  float* sM;            // rows' running max (at the end: for the epilogue)
+  float* sL;            // rows' sums (at the end: for the epilogue)
+  BlockRange br;
+  int split;
+  int num_tiles;
+};
+
+// A consumer thread's place: warpgroup, warp in it (rows 16 w .. 16 w + 15), and the two rows
+// r_lo, r_lo + 8 and keys 8 j + 2 t4 + {0, 1} of a tile's scores it holds (wgmma's accumulator
+// layout).
+struct ConsumerThread {
+  int wgi, w, g, t4, r_lo;
+};
+
+// The tree-mask rows of this thread's two query rows (ok: the row exists).
+struct RowMasks {
+  bool ok[2];
+  const int32_t* row[2];
+};
+
+// The shared-memory address of a ring stage.
+__device__ __forceinline__ uint32_t stage_addr(uint32_t sbase, int stage) {
+  return sbase + Smem::k_off + stage * kTileBytes;
+}
+
+// ---------------- consumer stages ----------------
+
+// Q into shared memory, swizzled, by both consumer warpgroups.
+__device__ __forceinline__ void load_q(const TreeVerifyParams& p, const Cta& c, int tid) {
+  const uint4* qg = reinterpret_cast<const uint4*>(p.q + c.br.grow0 * kHeadDim);
+  for (int i = tid; i < kBM * kChunks; i += kConsumers) {
+    const int r = i / kChunks, ch = i % kChunks;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (c.br.row0 + r < c.br.rows) v = __ldg(qg + static_cast<int64_t>(r) * kChunks + ch);
+    const int off = Smem::q_off + (ch >> 3) * (kBM * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+    *reinterpret_cast<uint4*>(c.smem + off) = v;
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(kBarQ, kConsumers);
+}
+
+__device__ __forceinline__ RowMasks row_masks(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t) {
+  RowMasks rm;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = c.br.row0 + t.r_lo + 8 * h;
+    rm.ok[h] = r < c.br.rows;
+    rm.row[h] = p.tree_mask + static_cast<int64_t>(c.br.qo0 + min(r / p.num_heads, c.br.T - 1)) * p.mask_words;
+  }
+  return rm;
+}
+
+// S = Q K^T of the tile at `kaddr` (9 column blocks of 64, 4 k-steps of 16 each: 36 x
+// m64n64k16, both operands in shared memory), committed. dq is made opaque per tile: otherwise
+// the compiler keeps all 36 loop-invariant Q descriptors in registers (72 of them) and spills.
+__device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t dq, uint32_t kaddr) {
+  const uint64_t dk = make_desc(kaddr, 16, 1024);
+  wgmma_fence();
+  uint64_t dq_t = dq;
+  asm volatile("" : "+l"(dq_t));
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+    wgmma_m64n64k16_ss<0>(s, desc_advance(dq_t, off), desc_advance(dk, off), ks > 0);
+  }
+  wgmma_commit();
+}
+
+// Mask, scale and exponentiate row h's scores of a tile in place (h = 0, 1: this thread's rows
+// r_lo, r_lo + 8; row_ok: the row exists, mask_row: its tree-mask row) against the row's running
+// max m_in (lazy rescale, as the other variants): m_out gets the new max, scale the factor O and
+// the row sum must be scaled by; returns this thread's share of the new P's row sum. m_in may be
+// m_out.
+__device__ __forceinline__ float softmax_row(const TreeVerifyParams& p, float (&s)[32], int h, bool row_ok,
+                                             const int32_t* mask_row, int t4, int tile_base, int kend, int Lp,
+                                             float m_in, float& m_out, float& scale) {
+  const int nvalid = kend - tile_base;
+  uint64_t vis = 0;
+  if (row_ok) {
+    vis = tree_visible_bits(mask_row, p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
+    if (nvalid > 32) vis |= (tree_visible_bits(mask_row, p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
+    if (nvalid < 64) vis &= (1ull << nvalid) - 1;
+  }
+  float tmax = minus_infinity();
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s[4 * j + 2 * h + e];
+      x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
+      tmax = fmaxf(tmax, x);
+    }
+  tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+  tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+  float m = m_in, a = 1.f;
+  const float m_new = fmaxf(m, tmax);
+  if (m_new > m + kRescaleLog2) {
+    a = exp2f(m - m_new);
+    m = m_new;
+  }
+  const float m_use = m == minus_infinity() ? 0.f : m;
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s[4 * j + 2 * h + e];
+      x = exp2f(x - m_use);
+      sum += x;
+    }
+  m_out = m;
+  scale = a;
+  return sum;
+}
+
+// P as the bf16 A fragments of the PV MMAs (keys 16 kk .. 16 kk + 15 per k-step).
+__device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+}
+
+// P into shared memory (128-byte swizzle), for the other warpgroup's PV; the caller fences it
+// into the async proxy.
+__device__ __forceinline__ void store_p(uint8_t* smem, const uint32_t (&pa)[4][4], const ConsumerThread& t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int c0 = 16 * kk + 2 * t.t4;
+    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0)) = pa[kk][0];
+    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0)) = pa[kk][1];
+    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0 + 8)) = pa[kk][2];
+    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0 + 8)) = pa[kk][3];
+  }
+}
+
+// O's rows scaled by the softmax's rescale factors (skipped when no row of the warp moved).
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float (&f)[2]) {
+  if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= f[0];
+      o[4 * j + 1] *= f[0];
+      o[4 * j + 2] *= f[1];
+      o[4 * j + 3] *= f[1];
+    }
+  }
+}
+
+// O (+)= P V[:, 256 columns from vaddr], P from registers (4 x m64n256k16), committed.
+__device__ __forceinline__ void issue_pv_rs(float (&o)[128], uint32_t (&pa)[4][4], uint32_t vaddr) {
+  fence_operands(pa[0]);
+  fence_operands(pa[1]);
+  fence_operands(pa[2]);
+  fence_operands(pa[3]);
+  const uint64_t dv = make_v_desc(vaddr);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(dv, kk * 16 * 128), 1);
+  wgmma_commit();
+}
+
+// The same with P from shared memory (descriptor dp).
+__device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint64_t dp, uint32_t vaddr) {
+  const uint64_t dv = make_v_desc(vaddr);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
+  wgmma_commit();
+}
+
+// Waits until at most N of this warpgroup's MMA groups are in flight, then lets O be touched.
+template <int N>
+__device__ __forceinline__ void wait_mma(float (&o)[128]) {
+  wgmma_wait<N>();
+  fence_operands(o);
+}
+
+// The sum over the quad of lanes that share a row.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+// Both warpgroups write their 256 columns of O (and warpgroup 0 the rows' lse).
+__device__ __forceinline__ void store_o(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+                                        const float (&o)[128]) {
+  store_tile(p, c.split, c.br.grow0, c.br.row0, c.br.rows, 16 * t.w, t.g, t.wgi * kValueHalf + 2 * t.t4,
+             *reinterpret_cast<const float(*)[32][4]>(o), c.sM, c.sL, t.wgi == 0 && t.t4 == 0, t.w == 3);
+}
+
+// ---------------- the seesaw schedule (KD_WG_SEESAW=1) ----------------
+// The consumers take tiles in pairs, as FlashMLA's published "seesaw" schedule
+// (docs/20250422-new-kernel-deep-dive.md there): warpgroup 0 computes S, the softmax and P of tile
+// a = 2 i, warpgroup 1 those of tile b = 2 i + 1, each applying the other's max and rescale
+// factors through shared memory, so one warpgroup's softmax runs while the other's MMAs keep the
+// tensor pipe busy; P goes to the other warpgroup through the one P buffer (P_a, then P_b once
+// warpgroup 1's P_a V_a is done). Row sums are kept per warpgroup in the common frame (l_part)
+// and added at the end. Per pair, tile a's rescale factors go through sAlpha (warpgroup 0 writes)
+// and tile b's through sL (warpgroup 1 writes; sL gets the row sums at the end).
+
+// Warpgroup 0: tile a of each pair (stage 0), output columns 0..255.
+__device__ __forceinline__ void consume_seesaw_wg0(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+                                                   const RowMasks& rm, uint64_t dq, uint64_t dp, uint32_t v_half,
+                                                   float (&o)[128], float (&l_part)[2]) {
+  float* sScaleA = c.sAlpha;
+  float* sScaleB = c.sL;
+  const int num_pairs = (c.num_tiles + 1) / 2;
+  for (int i = 0; i < num_pairs; ++i) {
+    const bool has_b = 2 * i + 1 < c.num_tiles;
+    float s[32];  // per pair, as the other schedule: nothing of it lives across pairs
+    uint32_t pa[4][4];
+    mbar_wait(&c.full[0], i & 1);
+    fence_proxy_async_shared();
+    issue_qk(s, dq, stage_addr(c.sbase, 0));
+    wgmma_wait<0>();  // S_a
+    fence_operands(s);
+    fence_operands(o);
+    float m_in[2], m_a[2], sa[2], psum[2], sb[2] = {1.f, 1.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m_in[h] = i == 0 ? minus_infinity() : c.sM[t.r_lo + 8 * h];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + 2 * i * kBN, c.br.kend, c.br.Lp,
+                            m_in[h], m_a[h], sa[h]);
+    pack_p(s, pa);
+    store_p(c.smem, pa, t);  // P_a for warpgroup 1's half of P_a V_a
+    fence_proxy_async_shared();
+    __syncwarp();  // the quad's reads of sM above come before its first lane overwrites them
+    if (t.t4 == 0) {
+      c.sM[t.r_lo] = m_a[0];
+      c.sM[t.r_lo + 8] = m_a[1];
+      sScaleA[t.r_lo] = sa[0];
+      sScaleA[t.r_lo + 8] = sa[1];
+    }
+    rescale_o(o, sa);
+    issue_pv_rs(o, pa, stage_addr(c.sbase, 0) + v_half);
+    // bar.sync on both sides (compute-sanitizer's racecheck does not take a bar.arrive as
+    // ordering the arriving side's reads before the other side's later writes)
+    named_barrier_sync(kBarMA, kConsumers);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
+    if (has_b) {
+      named_barrier_sync(kBarSB, kConsumers);  // tile b's max and factor
+      sb[0] = sScaleB[t.r_lo];
+      sb[1] = sScaleB[t.r_lo + 8];
+    }
+    wait_mma<0>(o);  // P_a V_a done: stage 0 is free of this warpgroup
+    mbar_arrive(&c.empty[0]);
+    if (has_b) {
+      rescale_o(o, sb);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_part[h] *= sb[h];
+      named_barrier_sync(kBarPB, kConsumers);  // P_b in shared memory
+      issue_pv_ss(o, dp, stage_addr(c.sbase, 1) + v_half);
+      // done before the next pair's S_a is issued (it would queue behind it on the tensor pipe
+      // anyway): stage 1 goes back to the producer at once, so tile b's next load is not held
+      // up by the next S_a, and P's buffer is free for the next P_a
+      wait_mma<0>(o);
+      mbar_arrive(&c.empty[1]);
+    }
+  }
+}
+
+// Warpgroup 1: tile b of each pair (stage 1), output columns 256..511.
+__device__ __forceinline__ void consume_seesaw_wg1(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+                                                   const RowMasks& rm, uint64_t dq, uint64_t dp, uint32_t v_half,
+                                                   float (&o)[128], float (&l_part)[2]) {
+  float* sScaleA = c.sAlpha;
+  float* sScaleB = c.sL;
+  const int num_pairs = (c.num_tiles + 1) / 2;
+  for (int i = 0; i < num_pairs; ++i) {
+    const bool has_b = 2 * i + 1 < c.num_tiles;
+    float s[32];
+    uint32_t pa[4][4];
+    if (has_b) {
+      mbar_wait(&c.full[1], i & 1);
+      fence_proxy_async_shared();
+      issue_qk(s, dq, stage_addr(c.sbase, 1));
+    }
+    named_barrier_sync(kBarMA, kConsumers);  // tile a's max, factor and P
+    float m_a[2], sa[2], sb[2] = {1.f, 1.f}, m_b[2], psum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_a[h] = c.sM[t.r_lo + 8 * h];
+      sa[h] = sScaleA[t.r_lo + 8 * h];
+    }
+    mbar_wait(&c.full[0], i & 1);  // (done: warpgroup 0 read the same stage) for this thread's view of the bytes
+    fence_proxy_async_shared();
+    wgmma_wait<0>();  // S_b, done by now (it ran during warpgroup 0's softmax): O is not touched while it flies
+    fence_operands(s);  // (unconditional: the compiler does not pair this with the branch that issued S_b)
+    // The softmax of b runs while warpgroup 0's P_a V_a keeps the tensor pipe busy. (Issuing this
+    // warpgroup's P_a V_a before it makes ptxas serialise every wgmma of the kernel, C7515: it
+    // will not let S's registers be written while an MMA of this warpgroup is in flight.)
+    if (has_b) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + (2 * i + 1) * kBN, c.br.kend,
+                              c.br.Lp, m_a[h], m_b[h], sb[h]);
+      __syncwarp();
+      if (t.t4 == 0) {
+        c.sM[t.r_lo] = m_b[0];
+        c.sM[t.r_lo + 8] = m_b[1];
+        sScaleB[t.r_lo] = sb[0];
+        sScaleB[t.r_lo + 8] = sb[1];
+      }
+    }
+    rescale_o(o, sa);
+    issue_pv_ss(o, dp, stage_addr(c.sbase, 0) + v_half);  // O_R = sa O_R + P_a V_a[:, 256:512]
+    // bar.sync on both sides, as the other schedule's P hand-off: this warpgroup's reads of
+    // tile a's max and factor also come before warpgroup 0 overwrites them for the next pair
+    if (has_b) named_barrier_sync(kBarSB, kConsumers);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
+    wait_mma<0>(o);  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
+    mbar_arrive(&c.empty[0]);
+    if (has_b) {
+      rescale_o(o, sb);
+      pack_p(s, pa);
+      store_p(c.smem, pa, t);  // P_b for warpgroup 0's half of P_b V_b
+      fence_proxy_async_shared();
+      issue_pv_rs(o, pa, stage_addr(c.sbase, 1) + v_half);
+      named_barrier_sync(kBarPB, kConsumers);  // both sides: P_a's reads and P_b's writes before the next P_a
+      wait_mma<0>(o);
+      mbar_arrive(&c.empty[1]);
+    }
+  }
+}
+
+// The seesaw schedule, then the row sums of both warpgroups added into sL for the epilogue.
+__device__ __forceinline__ void consume_seesaw(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+                                               float (&o)[128]) {
+  const RowMasks rm = row_masks(p, c, t);
+  const uint64_t dq = make_desc(c.sbase + Smem::q_off, 16, 1024);
+  const uint64_t dp = make_desc(c.sbase + Smem::p_off, 16, 1024);
+  const uint32_t v_half = (hooks::kWgmmaWrongHalf ? 0 : t.wgi) * (kValueHalf / 64) * kBlockBytes;
+  float l_part[2] = {0.f, 0.f};  // this thread's share of its rows' sums, in the running frame
+  if (t.wgi == 0) consume_seesaw_wg0(p, c, t, rm, dq, dp, v_half, o, l_part);
+  else consume_seesaw_wg1(p, c, t, rm, dq, dp, v_half, o, l_part);
+
+  wait_mma<0>(o);  // (every MMA is done on every path; said here so that the compiler sees it)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_part[h] = quad_sum(l_part[h]);
+  float* sPartB = c.sAlpha;  // warpgroup 1's row sums, once every read of the rescale factors is done
+  named_barrier_sync(kBarEpilogue, kConsumers);
+  if (t.wgi == 1 && t.t4 == 0) {
+    sPartB[t.r_lo] = l_part[0];
+    sPartB[t.r_lo + 8] = l_part[1];
+  }
+  named_barrier_sync(kBarEpilogue, kConsumers);
+  if (t.wgi == 0 && t.t4 == 0) {
+    c.sL[t.r_lo] = l_part[0] + sPartB[t.r_lo];
+    c.sL[t.r_lo + 8] = l_part[1] + sPartB[t.r_lo + 8];
+  }
+}
+
+}  // namespace wg
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KD_WGMMA_BODY 0  // a device pass for another arch: the kernel exists but traps
@@ -135,10 +477,13 @@ __device__ __forceinline__ uint64_t make_v_desc(uint32_t addr) {
 #define KD_WGMMA_BODY 1
 #endif
 
+// The kernel: the producer warpgroup's gather loop, then the consumers' default schedule, its
+// stages the functions above: warpgroup 0 per tile QK, the softmax, P (to registers and, with the
+// rows' rescale factors, to shared memory for warpgroup 1) and the low half of PV; warpgroup 1 the
+// high half of PV. KD_WG_SEESAW=1 runs consume_seesaw instead.
 __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(const TreeVerifyParams p) {
 #if KD_WGMMA_BODY && defined(__CUDA_ARCH__)
   using namespace wg;
-  using namespace sm90a;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   uint8_t* smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
@@ -155,9 +500,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
 
   BlockRange br;
   if (!block_range(p, split, rb, b, kBM, br)) return;
-  const int qo0 = br.qo0, T = br.T, rows = br.rows, row0 = br.row0, kv0 = br.kv0, Lp = br.Lp;
-  const int kbeg = br.kbeg, kend = br.kend;
-  const int64_t grow0 = br.grow0;
+  const int kbeg = br.kbeg, kend = br.kend, Lp = br.Lp;
   const int num_tiles = (kend - kbeg + kBN - 1) / kBN;
 
   if (hooks::kSkipLoads) {  // measurement builds never copy: the ring holds finite stand-ins
@@ -173,42 +516,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   __syncthreads();
 
   if (warp >= kConsumers / 32) {
-    // ---------------- producer warpgroup: thread pair (2 j, 2 j + 1) gathers key j's row ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    const int pt = tid - kConsumers;
-    const SlotSource slots = slot_source(p, b, kv0);
-#if KD_WG_PRODUCER == 0
-    const int j = pt >> 1, c0 = (pt & 1) * (kChunks / 2);
-    const uint32_t x = j & 7;
-    for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      if (it >= kStages) mbar_wait(&empty[stage], ((it / kStages) - 1) & 1);
-      if (!hooks::kSkipLoads) {
-        const int base = kbeg + it * kBN;
-        const uint32_t dst0 = sbase + Smem::k_off + stage * kTileBytes;
-        const bool valid = base + j < kend;
-        const int slot = valid ? slot_at(slots, base + j) : 0;
-        const __nv_bfloat16* src = p.kv + static_cast<int64_t>(slot) * kHeadDim;
-        const uint32_t row_dst = dst0 + j * 128;
-        const int nbytes = valid ? 16 : 0;  // 0: zero-fill (keys past the split's end)
-#pragma unroll 4
-        for (int c = c0; c < c0 + kChunks / 2; ++c)
-          cp_async_16_s(row_dst + (c >> 3) * kBlockBytes + (((c & 7) ^ x) << 4), src + c * 8, nbytes);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async_shared();  // this thread's copies, into the async proxy the MMAs read through
-      }
-      mbar_arrive(&full[stage]);
-    }
-#else
+    // ---------------- producer warpgroup ----------------
     // Eight lanes copy one 128-byte piece of a row (whole 32-byte sectors, one row's 64-column
     // block per lane group), so a warp instruction moves four rows' pieces; the warpgroup covers
     // 16 rows per instruction and this thread rows 16 r + 4 pw + rr (r < 4) of every tile.
+    // (Kept inline: moved into a function, it changes how nvcc allocates the whole kernel.)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    const int pt = tid - kConsumers;
+    const SlotSource slots = slot_source(p, b, br.kv0);
     const int pw = pt >> 5, rr = lane >> 3, cc = lane & 7;
     constexpr int kRowsPerThread = kBN / 16;
     const uint32_t chunk_dst = static_cast<uint32_t>((cc ^ ((4 * pw + rr) & 7)) << 4);
     int slot[kRowsPerThread];
-    auto fetch_slots = [&](int it) {
+    auto fetch_slots = [&](int it) {  // tile it's slot ids of this thread's rows; -1: past the split's end
       const int base = kbeg + it * kBN;
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
@@ -224,7 +544,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
         mbar_arrive(&full[stage]);
         continue;
       }
-      const uint32_t dst0 = sbase + Smem::k_off + stage * kTileBytes + chunk_dst;
+      const uint32_t dst0 = stage_addr(sbase, stage) + chunk_dst;
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         const int j = 16 * r + 4 * pw + rr;
@@ -235,325 +555,30 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
           cp_async_16_s(dst0 + kb * kBlockBytes + j * 128, src + kb * 64, valid ? 16 : 0);
       }
       if (it + 1 < num_tiles) fetch_slots(it + 1);  // the next tile's slot ids load while these copies fly
-#if KD_WG_PRODUCER == 1
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      mbar_arrive(&full[stage]);
-#else
       cp_async_mbar_arrive_noinc(smem_addr(&full[stage]));  // the consumers fence the bytes into the async proxy
-#endif
     }
     cp_async_wait<0>();
-#endif
     return;
   }
 
-  // ---------------- consumers: Q into shared memory, swizzled ----------------
+  // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  {
-    const uint4* qg = reinterpret_cast<const uint4*>(p.q + grow0 * kHeadDim);
-    for (int i = tid; i < kBM * kChunks; i += kConsumers) {
-      const int r = i / kChunks, c = i % kChunks;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (row0 + r < rows) v = __ldg(qg + static_cast<int64_t>(r) * kChunks + c);
-      *reinterpret_cast<uint4*>(smem + Smem::q_off + (c >> 3) * (kBM * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = v;
-    }
-    fence_proxy_async_shared();
-    named_barrier_sync(kBarQ, kConsumers);
-  }
-
-#if KD_WG_SEESAW
-  const int wgi = warp >> 2;        // consumer warpgroup 0 or 1
-  const int w = warp & 3;           // warp within it: rows 16 w .. 16 w + 15
+  const Cta c{smem, sbase, full, empty, sAlpha, sM, sL, br, split, num_tiles};
+  load_q(p, c, tid);
+  const int wgi = warp >> 2, w = warp & 3;
   const int g = lane >> 2, t4 = lane & 3;
-  const int r_lo = 16 * w + g;      // this thread's rows of the block: r_lo and r_lo + 8
+  const int r_lo = 16 * w + g;
+  const ConsumerThread t{wgi, w, g, t4, r_lo};
 
   float o[128];  // O[64 rows, 256 columns of this warpgroup], wgmma accumulator layout
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  bool row_ok[2];
-  const int32_t* mask_row[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + r_lo + 8 * h;
-    row_ok[h] = r < rows;
-    mask_row[h] = p.tree_mask + static_cast<int64_t>(qo0 + min(r / p.num_heads, T - 1)) * p.mask_words;
-  }
-  const uint64_t dq = make_desc(sbase + Smem::q_off, 16, 1024);
-  const uint64_t dp = make_desc(sbase + Smem::p_off, 16, 1024);
-  const uint32_t v_half = (hooks::kWgmmaWrongHalf ? 0 : wgi) * (kValueHalf / 64) * kBlockBytes;
-  float* sScaleA = sAlpha;  // per pair: tile a's rescale factors (warpgroup 0 writes), ...
-  float* sScaleB = sL;      // ... tile b's (warpgroup 1 writes); sL gets the row sums at the end
-  float l_part[2] = {0.f, 0.f};  // this thread's share of its rows' sums, in the running frame
-
-  // S = Q K^T of the tile in `stage` (36 x m64n64k16, both operands in shared memory), committed.
-  auto issue_qk = [&](float (&sc)[32], int stage) {
-    const uint64_t dk = make_desc(sbase + Smem::k_off + stage * kTileBytes, 16, 1024);
-    uint64_t dq_t = dq;
-    asm volatile("" : "+l"(dq_t));
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-      wgmma_m64n64k16_ss<0>(sc, desc_advance(dq_t, off), desc_advance(dk, off), ks > 0);
-    }
-    wgmma_commit();
-  };
-  // Mask, scale and exponentiate a tile's scores in place against the running max m_in (lazy
-  // rescale, as the other variants): the new max, the factor O and the row sums must be scaled
-  // by, and this thread's share of the new P's row sums.
-  auto softmax = [&](float (&sc)[32], int tile_base, const float (&m_in)[2], float (&m_out)[2],
-                     float (&scale)[2], float (&psum)[2]) {
-    const int nvalid = kend - tile_base;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint64_t vis = 0;
-      if (row_ok[h]) {
-        vis = tree_visible_bits(mask_row[h], p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
-        if (nvalid > 32)
-          vis |= (tree_visible_bits(mask_row[h], p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
-        if (nvalid < 64) vis &= (1ull << nvalid) - 1;
-      }
-      float tmax = minus_infinity();
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * j + 2 * h + e];
-          x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
-          tmax = fmaxf(tmax, x);
-        }
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      float m = m_in[h], a = 1.f;
-      const float m_new = fmaxf(m, tmax);
-      if (m_new > m + kRescaleLog2) {
-        a = exp2f(m - m_new);
-        m = m_new;
-      }
-      const float m_use = m == minus_infinity() ? 0.f : m;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * j + 2 * h + e];
-          x = exp2f(x - m_use);
-          sum += x;
-        }
-      m_out[h] = m;
-      scale[h] = a;
-      psum[h] = sum;
-    }
-  };
-  // P as bf16 A fragments of the PV MMAs (keys 16 kk .. 16 kk + 15 per k-step), and into shared memory.
-  auto pack = [&](const float (&sc)[32], uint32_t (&pa)[4][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(sc[8 * kk + 2 * q], sc[8 * kk + 2 * q + 1]);
-  };
-  auto store_p = [&](const uint32_t (&pa)[4][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int c0 = 16 * kk + 2 * t4;
-      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0)) = pa[kk][0];
-      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0)) = pa[kk][1];
-      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0 + 8)) = pa[kk][2];
-      *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0 + 8)) = pa[kk][3];
-    }
-    fence_proxy_async_shared();
-  };
-  auto rescale = [&](const float (&f)[2]) {
-    if (__any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f)) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j + 0] *= f[0];
-        o[4 * j + 1] *= f[0];
-        o[4 * j + 2] *= f[1];
-        o[4 * j + 3] *= f[1];
-      }
-    }
-  };
-  auto issue_pv_smem_p = [&](int stage) {  // O (+)= P V[:, this warpgroup's half], P from shared memory
-    const uint64_t dv = make_v_desc(sbase + Smem::k_off + stage * kTileBytes + v_half);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
-    wgmma_commit();
-  };
-  auto issue_pv_reg_p = [&](const uint32_t (&pa)[4][4], int stage) {  // the same, P from registers
-    const uint64_t dv = make_v_desc(sbase + Smem::k_off + stage * kTileBytes + v_half);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(dv, kk * 16 * 128), 1);
-    wgmma_commit();
-  };
-  const int num_pairs = (num_tiles + 1) / 2;
-
-  if (wgi == 0) {
-    // ---------------- warpgroup 0: tile a = 2 i of each pair (stage 0), columns 0..255 ----------------
-    for (int i = 0; i < num_pairs; ++i) {
-      const bool has_b = 2 * i + 1 < num_tiles;
-      float s[32];  // per pair, as the other schedule: nothing of it lives across pairs
-      uint32_t pa[4][4];
-      mbar_wait(&full[0], i & 1);
-      fence_proxy_async_shared();
-      issue_qk(s, 0);
-      wgmma_wait<0>();  // S_a
-      fence_operands(s);
-      fence_operands(o);
-      float m_in[2], m_a[2], sa[2], psum[2], sb[2] = {1.f, 1.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) m_in[h] = i == 0 ? minus_infinity() : sM[r_lo + 8 * h];
-      softmax(s, kbeg + 2 * i * kBN, m_in, m_a, sa, psum);
-      pack(s, pa);
-      store_p(pa);  // P_a for warpgroup 1's half of P_a V_a
-      __syncwarp();  // the quad's reads of sM above come before its first lane overwrites them
-      if (t4 == 0) {
-        sM[r_lo] = m_a[0];
-        sM[r_lo + 8] = m_a[1];
-        sScaleA[r_lo] = sa[0];
-        sScaleA[r_lo + 8] = sa[1];
-      }
-      rescale(sa);
-      fence_operands(pa[0]);
-      fence_operands(pa[1]);
-      fence_operands(pa[2]);
-      fence_operands(pa[3]);
-      issue_pv_reg_p(pa, 0);
-      // bar.sync on both sides (compute-sanitizer's racecheck does not take a bar.arrive as
-      // ordering the arriving side's reads before the other side's later writes)
-      named_barrier_sync(kBarMA, kConsumers);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
-      if (has_b) {
-        named_barrier_sync(kBarSB, kConsumers);  // tile b's max and factor
-        sb[0] = sScaleB[r_lo];
-        sb[1] = sScaleB[r_lo + 8];
-      }
-      wgmma_wait<0>();  // P_a V_a done: stage 0 is free of this warpgroup
-      fence_operands(o);
-      mbar_arrive(&empty[0]);
-      if (has_b) {
-        rescale(sb);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) l_part[h] *= sb[h];
-        named_barrier_sync(kBarPB, kConsumers);  // P_b in shared memory
-        issue_pv_smem_p(1);
-        // done before the next pair's S_a is issued (it would queue behind it on the tensor pipe
-        // anyway): stage 1 goes back to the producer at once, so tile b's next load is not held
-        // up by the next S_a, and P's buffer is free for the next P_a
-        wgmma_wait<0>();
-        fence_operands(o);
-        mbar_arrive(&empty[1]);
-      }
-    }
-  } else {
-    // ---------------- warpgroup 1: tile b = 2 i + 1 of each pair (stage 1), columns 256..511 ----------------
-    for (int i = 0; i < num_pairs; ++i) {
-      const bool has_b = 2 * i + 1 < num_tiles;
-      float s[32];
-      uint32_t pa[4][4];
-      if (has_b) {
-        mbar_wait(&full[1], i & 1);
-        fence_proxy_async_shared();
-        issue_qk(s, 1);
-      }
-      named_barrier_sync(kBarMA, kConsumers);  // tile a's max, factor and P
-      float m_a[2], sa[2], sb[2] = {1.f, 1.f}, m_b[2], psum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m_a[h] = sM[r_lo + 8 * h];
-        sa[h] = sScaleA[r_lo + 8 * h];
-      }
-      mbar_wait(&full[0], i & 1);  // (done: warpgroup 0 read the same stage) for this thread's view of the bytes
-      fence_proxy_async_shared();
-      wgmma_wait<0>();  // S_b, done by now (it ran during warpgroup 0's softmax): O is not touched while it flies
-      fence_operands(s);  // (unconditional: the compiler does not pair this with the branch that issued S_b)
-      // The softmax of b runs while warpgroup 0's P_a V_a keeps the tensor pipe busy. (Issuing this
-      // warpgroup's P_a V_a before it makes ptxas serialise every wgmma of the kernel, C7515: it
-      // will not let S's registers be written while an MMA of this warpgroup is in flight.)
-      if (has_b) {
-        softmax(s, kbeg + (2 * i + 1) * kBN, m_a, m_b, sb, psum);
-        __syncwarp();
-        if (t4 == 0) {
-          sM[r_lo] = m_b[0];
-          sM[r_lo + 8] = m_b[1];
-          sScaleB[r_lo] = sb[0];
-          sScaleB[r_lo + 8] = sb[1];
-        }
-      }
-      rescale(sa);
-      issue_pv_smem_p(0);  // O_R = sa O_R + P_a V_a[:, 256:512]
-      // bar.sync on both sides, as the other schedule's P hand-off: this warpgroup's reads of
-      // tile a's max and factor also come before warpgroup 0 overwrites them for the next pair
-      if (has_b) named_barrier_sync(kBarSB, kConsumers);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
-      wgmma_wait<0>();  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
-      fence_operands(o);
-      mbar_arrive(&empty[0]);
-      if (has_b) {
-        rescale(sb);
-        pack(s, pa);
-        store_p(pa);  // P_b for warpgroup 0's half of P_b V_b
-        fence_operands(pa[0]);
-        fence_operands(pa[1]);
-        fence_operands(pa[2]);
-        fence_operands(pa[3]);
-        issue_pv_reg_p(pa, 1);
-        named_barrier_sync(kBarPB, kConsumers);  // both sides: P_a's reads and P_b's writes before the next P_a
-        wgmma_wait<0>();
-        fence_operands(o);
-        mbar_arrive(&empty[1]);
-      }
-    }
-  }
-
-  // ---------------- epilogue: row sums of both warpgroups, then each its 256 columns ----------------
-  wgmma_wait<0>();  // (every MMA is done on every path; said here so that the compiler sees it)
-  fence_operands(o);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_part[h] += __shfl_xor_sync(0xffffffffu, l_part[h], 1);
-    l_part[h] += __shfl_xor_sync(0xffffffffu, l_part[h], 2);
-  }
-  named_barrier_sync(kBarEpilogue, kConsumers);  // every read of sScaleA / sScaleB is done
-  if (wgi == 1 && t4 == 0) {
-    sScaleA[r_lo] = l_part[0];
-    sScaleA[r_lo + 8] = l_part[1];
-  }
-  named_barrier_sync(kBarEpilogue, kConsumers);
-  if (wgi == 0 && t4 == 0) {
-    sL[r_lo] = l_part[0] + sScaleA[r_lo];
-    sL[r_lo + 8] = l_part[1] + sScaleA[r_lo + 8];
-  }
-  named_barrier_sync(kBarEpilogue, kConsumers);
-  store_tile(p, split, grow0, row0, rows, 16 * w, g, wgi * kValueHalf + 2 * t4,
-             *reinterpret_cast<const float(*)[32][4]>(o), sM, sL, wgi == 0 && t4 == 0, w == 3);
-#else
-  const int wgi = warp >> 2;        // consumer warpgroup 0 or 1
-  const int w = warp & 3;           // warp within it: rows 16 w .. 16 w + 15
-  const int g = lane >> 2, t4 = lane & 3;
-  const int r_lo = 16 * w + g;      // this thread's rows of the block: r_lo and r_lo + 8
-
-  float o[128];  // O[64 rows, 256 columns of this warpgroup], wgmma accumulator layout
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-
-  if (wgi == 0) {
+  if constexpr (kSeesaw) {
+    consume_seesaw(p, c, t, o);
+  } else if (wgi == 0) {
     // ---------------- warpgroup 0: QK, softmax, P, low half of PV ----------------
-    bool row_ok[2];
-    const int32_t* mask_row[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + r_lo + 8 * h;
-      row_ok[h] = r < rows;
-      mask_row[h] = p.tree_mask + static_cast<int64_t>(qo0 + min(r / p.num_heads, T - 1)) * p.mask_words;
-    }
+    const RowMasks rm = row_masks(p, c, t);
     float m[2] = {minus_infinity(), minus_infinity()};
     float l[2] = {0.f, 0.f};
     const uint64_t dq = make_desc(sbase + Smem::q_off, 16, 1024);
@@ -561,91 +586,34 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % kStages;
       const int tile_base = kbeg + it * kBN;
-      const uint32_t kaddr = sbase + Smem::k_off + stage * kTileBytes;
+      const uint32_t kaddr = stage_addr(sbase, stage);
       mbar_wait(&full[stage], (it / kStages) & 1);
-      if (KD_WG_PRODUCER == 2) fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
+      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
 
       float s[32];
-      const uint64_t dk = make_desc(kaddr, 16, 1024);
-      wgmma_fence();
-      // 9 column blocks of 64, 4 k-steps of 16 each. dq is made opaque per tile: otherwise the
-      // compiler keeps all 36 loop-invariant Q descriptors in registers (72 of them) and spills.
-      uint64_t dq_t = dq;
-      asm volatile("" : "+l"(dq_t));
-#pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-        wgmma_m64n64k16_ss<0>(s, desc_advance(dq_t, off), desc_advance(dk, off), ks > 0);
-      }
-      wgmma_commit();
+      issue_qk(s, dq, kaddr);
       if (it > 0) {  // the previous tile's PV (committed before this QK) is done: release its stage
-        wgmma_wait<1>();
-        fence_operands(o);
+        wait_mma<1>(o);
         mbar_arrive(&empty[prev_stage]);
       }
       wgmma_wait<0>();  // this tile's S
       fence_operands(s);
       fence_operands(o);
 
-      // mask + online softmax: this thread holds keys 8 j + 2 t4 + {0, 1} (j < 8) of its two rows
       float alpha[2];
-      const int nvalid = kend - tile_base;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint64_t vis = 0;
-        if (row_ok[h]) {
-          vis = tree_visible_bits(mask_row[h], p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
-          if (nvalid > 32)
-            vis |= (tree_visible_bits(mask_row[h], p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
-          if (nvalid < 64) vis &= (1ull << nvalid) - 1;
-        }
-        float tmax = minus_infinity();
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * j + 2 * h + e];
-            x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
-            tmax = fmaxf(tmax, x);
-          }
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-        const float m_new = fmaxf(m[h], tmax);
-        float a = 1.f;
-        if (m_new > m[h] + kRescaleLog2) {
-          a = exp2f(m[h] - m_new);
-          m[h] = m_new;
-        }
-        const float m_use = m[h] == minus_infinity() ? 0.f : m[h];
-        float psum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[4 * j + 2 * h + e];
-            x = exp2f(x - m_use);
-            psum += x;
-          }
-        l[h] = l[h] * a + psum;
+        float a;
+        const float sum = softmax_row(p, s, h, rm.ok[h], rm.row[h], t4, tile_base, kend, Lp, m[h], m[h], a);
+        l[h] = l[h] * a + sum;
         alpha[h] = a;
       }
-      // P as the A fragments of the PV MMAs (keys 16 kk .. 16 kk + 15 per k-step)
       uint32_t pa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+      pack_p(s, pa);
 
       // hand P and alpha to warpgroup 1 (once it is done with the previous tile's)
       if (it > 0) named_barrier_sync(kBarPFree, kConsumers);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int c0 = 16 * kk + 2 * t4;
-        *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0)) = pa[kk][0];
-        *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0)) = pa[kk][1];
-        *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo, c0 + 8)) = pa[kk][2];
-        *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, r_lo + 8, c0 + 8)) = pa[kk][3];
-      }
+      store_p(smem, pa, t);
       if (t4 == 0) {
         sAlpha[r_lo] = alpha[0];
         sAlpha[r_lo + 8] = alpha[1];
@@ -653,80 +621,42 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       fence_proxy_async_shared();
       named_barrier_arrive(kBarPFull, kConsumers);
 
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j + 0] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
-        }
-      }
-      fence_operands(pa[0]);
-      fence_operands(pa[1]);
-      fence_operands(pa[2]);
-      fence_operands(pa[3]);
-      const uint64_t dv = make_v_desc(kaddr);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(o, pa[kk], desc_advance(dv, kk * 16 * 128), 1);
-      wgmma_commit();
+      rescale_o(o, alpha);
+      issue_pv_rs(o, pa, kaddr);
       prev_stage = stage;
     }
-    wgmma_wait<0>();
-    fence_operands(o);
+    wait_mma<0>(o);
     mbar_arrive(&empty[prev_stage]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(l[h]);
       if (t4 == 0) {
         sL[r_lo + 8 * h] = sum;
         sM[r_lo + 8 * h] = m[h];
       }
     }
   } else {
-    // ---------------- warpgroup 1: high half of PV, P from shared memory ----------------
+    // ---------------- warpgroup 1: high half of PV, P and its rescale factors from shared memory ----------------
     const uint64_t dp = make_desc(sbase + Smem::p_off, 16, 1024);
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % kStages;
-      const uint32_t kaddr = sbase + Smem::k_off + stage * kTileBytes;
+      const uint32_t kaddr = stage_addr(sbase, stage);
       mbar_wait(&full[stage], (it / kStages) & 1);
-      if (KD_WG_PRODUCER == 2) fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
+      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
       named_barrier_sync(kBarPFull, kConsumers);
-      const float a0 = sAlpha[r_lo], a1 = sAlpha[r_lo + 8];
-      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j + 0] *= a0;
-          o[4 * j + 1] *= a0;
-          o[4 * j + 2] *= a1;
-          o[4 * j + 3] *= a1;
-        }
-      }
+      const float alpha[2] = {sAlpha[r_lo], sAlpha[r_lo + 8]};
+      rescale_o(o, alpha);
       const uint32_t v_half = hooks::kWgmmaWrongHalf ? 0 : (kValueHalf / 64) * kBlockBytes;
-      const uint64_t dv = make_v_desc(kaddr + v_half);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n256k16_ss<1>(o, desc_advance(dp, kk * 32), desc_advance(dv, kk * 16 * 128), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(o);
-      if (it + 1 < num_tiles) {
-        if (KD_WG_PFREE_ARRIVE) named_barrier_arrive(kBarPFree, kConsumers);
-        else named_barrier_sync(kBarPFree, kConsumers);
-      }
+      issue_pv_ss(o, dp, kaddr + v_half);
+      wait_mma<0>(o);
+      if (it + 1 < num_tiles) named_barrier_sync(kBarPFree, kConsumers);
       mbar_arrive(&empty[stage]);
     }
   }
 
   // ---------------- epilogue: both warpgroups, their own 256 columns ----------------
   named_barrier_sync(kBarEpilogue, kConsumers);
-  store_tile(p, split, grow0, row0, rows, 16 * w, g, wgi * kValueHalf + 2 * t4,
-             *reinterpret_cast<const float(*)[32][4]>(o), sM, sL, wgi == 0 && t4 == 0, w == 3);
-#endif  // KD_WG_SEESAW
+  store_o(p, c, t, o);
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an arch without wgmma: never launched (launch_plan dispatches it on sm_90a only)
 #endif

@@ -13,25 +13,13 @@
 #include <cuda_bf16.h>
 #include <math_constants.h>
 
+#include "mbarrier_sm90.cuh"
 #include "tree_verify_mla_common.cuh"
 
 namespace kdtree {
 
-// Measurement knob: how many QK steps of key fragments are in flight ahead of the MMAs.
-#ifndef WS_QK_AHEAD
-#define WS_QK_AHEAD 3
-#endif
-
-// Tile shape knobs: keys per tile and ring depth (32 x 2 or 16 x 4 fit sm_120's 101376 bytes).
-#ifndef WS_BN
-#define WS_BN 32
-#endif
-#ifndef WS_STAGES
-#define WS_STAGES 2
-#endif
-
 namespace ws {
-constexpr int kBN = WS_BN;
+constexpr int kBN = WS_BN;  // WS_BN, WS_STAGES, WS_QK_AHEAD: knobs.cuh
 constexpr int kStages = WS_STAGES;
 constexpr int kGroups = 2;
 constexpr int kGroupThreads = 128;

@@ -58,22 +58,6 @@ __device__ __forceinline__ void fence_operands(uint32_t (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-// 16-byte async copy global -> shared (32-bit shared address); src_bytes 0 zero-fills.
-__device__ __forceinline__ void cp_async_16_s(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// Arrives on `bar` once every cp.async this thread issued before it has landed; .noinc: the
-// arrival counts against the barrier's initial count (one per producer thread), so the thread
-// goes on without waiting for its copies.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar_addr) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_addr) : "memory");
-}
-
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // D[64 x 64] (+)= A[64 x 16] * B[16 x 64]; A and B in shared memory (descriptors), bf16 -> fp32.
 // kTransB: 0 = B is K-major (N rows of K), 1 = B is MN-major (K rows of N).
 template <int kTransB>

@@ -1,4 +1,4 @@
-"""Deliberately broken builds of the kernel (test_hooks.cuh's KD_BREAK) go wrong in the way each
+"""Deliberately broken builds of the kernel (knobs.cuh's KD_BREAK) go wrong in the way each
 was broken, in every variant: each flag is compiled into a fresh extension in a child process,
 every variant the device runs is forced through `cuda_op.launch` (with one KV split and with
 three), and the output is held against the fp64 oracle. A correct build must pass the same

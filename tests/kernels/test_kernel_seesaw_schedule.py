@@ -19,7 +19,7 @@ TILE = 64
 
 
 def _softmax_tile(x: torch.Tensor, m_in: torch.Tensor):
-    """The kernel's `softmax` lambda: new running max, rescale factor, P and its row sums."""
+    """The kernel's `softmax_row` over a tile's rows: new running max, rescale factor, P and its row sums."""
     m_new = torch.maximum(m_in, x.max(-1).values)
     moved = m_new > m_in + LAZY_LOG2
     scale = torch.where(moved, torch.exp2(m_in - m_new), torch.ones_like(m_in))

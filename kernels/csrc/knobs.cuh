@@ -1,7 +1,9 @@
-// Test-only and measurement-only build switches, all in one place. A real build defines none of
-// them: every hook below is then a compile-time constant or an identity, and the kernels compile
-// to exactly what they would without hooks. Builds set them through KDTREE_NVCC_FLAGS.
+// Every -D build switch of the kernels, all in one place. A real build defines none of them:
+// each then takes its default below, and the test hooks are compile-time constants or
+// identities, so the kernels compile to exactly what they would without hooks. Builds set them through KDTREE_NVCC_FLAGS (kdtree.kernels.jit); the figures behind each
+// default are in plans/0002-sm120-verify-kernel-defrag.md's kernel versions table.
 //
+// Test hooks:
 // KD_BREAK: deliberately broken kernels, for the gates' own tests (tests/phases, tests/kernels).
 //   1 reads the wrong tree-mask bits, 2 hides the prefix, 4 scales the scores wrongly,
 //   8 leaves the last row of every CTA unwritten, 16 breaks the wgmma variant only (sm_90a): its
@@ -10,6 +12,18 @@
 // KD_SKIP: measurement builds that apportion the kernel's time by leaving work out.
 //   1 drops the QK MMAs, 2 the softmax, 4 the PV MMAs, 8 the tile loads, 16 the split-combine
 //   pass (what combining inside the kernel could save at most).
+//
+// Measurement knobs (tree_verify_mla_ws.cuh, combine_splits.cuh):
+// WS_QK_AHEAD: how many QK steps of key fragments the ws variant keeps in flight ahead of its MMAs.
+// WS_BN, WS_STAGES: the ws variant's keys per tile and ring depth (32 x 2 or 16 x 4 fit sm_120's
+//   101376 bytes).
+// KD_COMBINE_WARPS, KD_COMBINE_UNROLL: the split-combine pass's warps per CTA and loads in flight.
+//
+// The wgmma variant (tree_verify_mla_sm90a.cuh, sm_90a only):
+// KD_WG_SEESAW: 1 runs its consumers on the pair ("seesaw") schedule instead of the default one
+//   (see there); which one stays is decided by a measurement on the GPU.
+// WG_V_DESC_SWAP: 1 swaps the LBO and SBO of PV's V descriptor (a diagnosis build, in case a device
+//   disagrees with this reading of the descriptor format).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +33,27 @@
 #endif
 #ifndef KD_SKIP
 #define KD_SKIP 0
+#endif
+#ifndef WS_QK_AHEAD
+#define WS_QK_AHEAD 3
+#endif
+#ifndef WS_BN
+#define WS_BN 32
+#endif
+#ifndef WS_STAGES
+#define WS_STAGES 2
+#endif
+#ifndef KD_COMBINE_WARPS
+#define KD_COMBINE_WARPS 4
+#endif
+#ifndef KD_COMBINE_UNROLL
+#define KD_COMBINE_UNROLL 8
+#endif
+#ifndef KD_WG_SEESAW
+#define KD_WG_SEESAW 0
+#endif
+#ifndef WG_V_DESC_SWAP
+#define WG_V_DESC_SWAP 0
 #endif
 
 namespace kdtree {
