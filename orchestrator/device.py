@@ -8,13 +8,14 @@ The orchestrator knows nothing of GPUs beyond recording these facts.
 from __future__ import annotations
 
 import platform
-import re
 import shutil
 import subprocess
 import sys
 from importlib import metadata
 from typing import Optional
 
+from kdtree import __version__
+from kdtree.cuda_toolkit import nvcc_version
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.specs import DeviceInfo, Versions
 
@@ -42,23 +43,6 @@ def _cmd_output(argv: list[str], timeout: float = 15.0) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
-
-
-def nvcc_version() -> Optional[str]:
-    """``13.0`` from ``nvcc --version`` (PATH, then CUDA_HOME), or None."""
-    import os  # noqa: PLC0415
-
-    exe = shutil.which("nvcc")
-    if exe is None:
-        for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-            if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
-                exe = os.path.join(root, "bin", "nvcc")
-                break
-    if exe is None:
-        return None
-    out = _cmd_output([exe, "--version"])
-    m = re.search(r"release (\d+\.\d+)", out or "")
-    return m.group(1) if m else None
 
 
 def resolve_device(request: str, wants_cuda: bool = True) -> str:
@@ -105,5 +89,5 @@ def versions(declared: tuple[str, ...] | list[str] = ()) -> Versions:
             fixed["nvcc"] = nvcc_version()
         else:
             packages[name] = _dist_version(name)
-    return Versions(python=platform.python_version(), kdtree=_dist_version("kdtree-engine"),
+    return Versions(python=platform.python_version(), kdtree=__version__,
                     packages=packages, **fixed)
