@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 
 SGLANG_CONSTRAINTS ?= constraints/sglang.txt
 
-.PHONY: run test venv clean status lock lock-sglang
+.PHONY: run test test-fast venv clean status lock lock-sglang
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ run: $(STAMP)
 ## test: the whole test suite (GPU tests skip with their reason on a machine without one).
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## test-fast: the inner loop - every test not marked `slow` (under 3 minutes on 2 CPU cores).
+# CI runs `make test`, the whole suite; mark a test `@pytest.mark.slow` when it takes seconds.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 status: $(STAMP)
 	$(VENV)/bin/orchestrate status

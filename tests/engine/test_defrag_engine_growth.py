@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from kdtree.engine.allocator import FreeListAllocator, SortedRunAllocator
 from kdtree.engine.backends import get_backend
 from kdtree.engine.kv_pool import KVPool
@@ -46,6 +48,7 @@ def _decode(model, allocator, steps=6, size=8):
     return pool, requests, seen
 
 
+@pytest.mark.slow
 def test_verify_step_grows_each_request_after_its_last_slot(tiny_model):
     pool, requests, seen = _decode(tiny_model, SortedRunAllocator(4096))
     grown = 0
@@ -60,6 +63,7 @@ def test_verify_step_grows_each_request_after_its_last_slot(tiny_model):
     assert pool.num_free + sum(pool.seq_len(r.rid) for r in requests) == 4096  # rejected slots came back
 
 
+@pytest.mark.slow
 def test_verify_step_keeps_the_batch_order_with_a_plain_free_list(tiny_model):
     pool, requests, seen = _decode(tiny_model, FreeListAllocator(4096))
     for step in seen:  # one allocation for the whole batch, split in request order

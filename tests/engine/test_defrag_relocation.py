@@ -144,6 +144,7 @@ def test_a_zero_budget_moves_nothing():
     assert {r: pool.slots(r) for r in pool.requests.keys()} == slots
 
 
+@pytest.mark.slow
 def test_churn_integrity_holds_and_catches_a_dropped_row():
     cfg = ChurnConfig(num_slots=2048, live_requests=6, prompt_len=(16, 128), new_tokens=(8, 64), steps=25,
                       device="cpu", dtype=torch.float32, draft_layers=1, prefix_cache_fraction=0.5,
@@ -163,6 +164,7 @@ def test_churn_integrity_holds_and_catches_a_dropped_row():
     assert check_integrity(broken)["kv_bytes_changed"] > 0
 
 
+@pytest.mark.slow
 def test_churn_modes_see_the_same_workload():
     cfg = ChurnConfig(num_slots=4096, live_requests=8, prompt_len=(16, 256), new_tokens=(8, 64), steps=30)
     runs = {m: ChurnRun(cfg, m, seed=11) for m in ("unsorted", "sglang_sorted", "tier0", "tier0+1")}

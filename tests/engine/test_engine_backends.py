@@ -47,6 +47,7 @@ def make_case(mode: str, seed: int, heads: int = 4):
     return q, kv, meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["extend", "decode", "verify"])
 @pytest.mark.parametrize("seed", range(6))
 def test_torch_backend_matches_the_oracle(mode, seed):
@@ -74,6 +75,7 @@ def test_verify_mask_hides_siblings_but_not_the_prefix():
     assert all(not torch.allclose(prefix_moved[i], base[i]) for i in range(3))
 
 
+@pytest.mark.slow
 def test_reference_prefill_longer_than_one_tree_runs_in_chunks():
     gen = torch.Generator().manual_seed(1)
     n = 1100  # > 1024 nodes, the op contract's largest tree
@@ -111,6 +113,7 @@ def test_kernel_backends_import_lazily_and_fail_clearly_when_used():
         assert backend.name == name
 
 
+@pytest.mark.slow
 def test_importing_the_engine_imports_no_triton():
     code = "import sys, kdtree.engine; kdtree.engine.get_backend('triton'); print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -25,6 +25,7 @@ def test_chain_mask_rows_are_packed_chains():
         assert torch.equal(mask[:n, : expected.shape[1]], expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_chunked_prefill_equals_one_dense_causal_pass(rows):
     rng = random.Random(rows)
@@ -45,6 +46,7 @@ def test_chunked_prefill_equals_one_dense_causal_pass(rows):
     torch.testing.assert_close(get_backend("reference").forward(q, kv, meta, SCALE), whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_model_level_prefill_chunks_give_the_same_tokens(tiny_model):
     prompts = [[(5 * i + b) % 1000 for i in range(n)] for b, n in enumerate((300, 41, 7))]
     one = generate(prompts, model=tiny_model, drafter="none", max_new_tokens=4, prefill_chunk=4096)
@@ -68,6 +70,7 @@ def test_slot_mirror_uploads_only_new_slots_and_catches_rewrites():
         mirror.prefix(5)
 
 
+@pytest.mark.slow
 def test_long_prompts_need_no_dense_score_matrix(monkeypatch):
     """A 3000-token prompt on the torch backend: no chunk holds more scores than the dense budget."""
     import kdtree.engine.backends as backends

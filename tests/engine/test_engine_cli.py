@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from kdtree.engine import generate as api_generate
 from kdtree.engine.__main__ import main
 
 
+@pytest.mark.slow
 def test_json_output_matches_the_api():
     args = ["generate", "--prompt-ids", "5,17,17,3", "--batch", "3", "--drafter", "ngram", "--budget", "16",
             "--max-new-tokens", "10", "--json"]
@@ -23,6 +25,7 @@ def test_json_output_matches_the_api():
     assert payload["tokens"] == api_generate(payload["prompts"], max_new_tokens=10).tokens
 
 
+@pytest.mark.slow
 def test_report_shows_tokens_acceptance_and_speed():
     result = CliRunner().invoke(main, ["generate", "--seed", "3", "--batch", "2", "--drafter", "ddtree",
                                        "--max-new-tokens", "8"])
@@ -39,6 +42,7 @@ def test_bad_input_is_a_usage_error():
     assert bad_token.exit_code == 2 and "outside the vocabulary" in bad_token.output
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "kdtree.engine", "generate", "--prompt-ids", "1,2,3,1,2",
                           "--drafter", "none", "--max-new-tokens", "4", "--json"],

@@ -140,6 +140,7 @@ def test_the_body_gives_the_eager_steps_logits(tiny_model, lens, sizes, bucket):
     assert torch.equal(pad, pad[:1].expand_as(pad))  # every padded row is the same row
 
 
+@pytest.mark.slow
 def test_cuda_graph_where_it_cannot_apply_is_a_clear_error(tiny_model):
     from click.testing import CliRunner
 

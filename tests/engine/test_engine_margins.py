@@ -45,6 +45,7 @@ def step_logits(tiny_model, greedy_run):
     return torch.cat(fp32), torch.cat(bf16), torch.tensor([t for out in outputs for t in out])
 
 
+@pytest.mark.slow
 def test_top1_margins_are_far_above_bf16_rounding(step_logits):
     fp32, _, tokens = step_logits
     assert torch.equal(fp32.argmax(-1), tokens) and tokens.numel() == 32 * 32

@@ -30,6 +30,7 @@ def engine_logits(model, ids: list[int], split: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("cfg", [preset("tiny"), ModelConfig(num_layers=2, q_lora_rank=96, num_heads=4)],
                          ids=["tiny", "q_lora"])
+@pytest.mark.slow
 def test_logits_match_transformers_deepseek_v3(cfg):
     from kdtree.engine.hf_convert import to_hf_model
 

@@ -25,6 +25,7 @@ def test_prompt_set_is_batched_with_different_lengths():
     assert len(PROMPTS) >= 16 and len({len(p) for p in PROMPTS}) >= 12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter,budget", [("ngram", 16), ("selfdraft", 16), ("ddtree", 16), ("ddtree", 48)])
 def test_speculative_decoding_is_token_exact(tiny_model, greedy, drafter, budget):
     result = generate(PROMPTS, model=tiny_model, drafter=drafter, budget=budget, max_new_tokens=NEW)
@@ -34,6 +35,7 @@ def test_speculative_decoding_is_token_exact(tiny_model, greedy, drafter, budget
     assert result.steps < NEW  # and fewer steps than plain greedy decoding needed
 
 
+@pytest.mark.slow
 def test_prompt_lookup_accepts_on_repetitive_prompts(tiny_model):
     prompts = repetitive_prompts(16, seed=5)
     plain = generate(prompts, model=tiny_model, max_new_tokens=NEW)
@@ -44,6 +46,7 @@ def test_prompt_lookup_accepts_on_repetitive_prompts(tiny_model):
     assert looked_up.accepted_per_step[0] > 1.0  # accepted from the prompt itself, on the first step
 
 
+@pytest.mark.slow
 def test_big_ddtree_budgets_stay_exact(tiny_model, greedy):
     for budget in (256, 512):
         result = generate(PROMPTS[:3], model=tiny_model, drafter="ddtree", budget=budget, max_new_tokens=12)

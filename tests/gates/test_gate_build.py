@@ -187,6 +187,7 @@ def test_good_kernels_pass_for_sm90_and_sm120(builds):
     assert fig(r, "archs_built").value == 2
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_spilling_and_stack_kernels_fail_on_real_ptxas_output(builds):
     r = check_build(SPEC.model_copy(update={"forbidden_sass": []}), builds["spilly"], GateContext())
@@ -199,6 +200,7 @@ def test_spilling_and_stack_kernels_fail_on_real_ptxas_output(builds):
     assert fig(r, "kernels_over_limits").value == 4
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump (PATH, CUDA_HOME or triton's copy)")
 def test_forbidden_opcode_found_in_real_sass(builds):

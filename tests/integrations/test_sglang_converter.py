@@ -104,6 +104,7 @@ def test_triton_kernels_equal_the_reference(case):
     assert torch.equal(out.tree_mask.cpu(), ref.tree_mask.cpu())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(INTERPRETED, reason="this process already interprets triton")
 def test_triton_kernels_under_the_interpreter():

@@ -34,6 +34,7 @@ def _errors(out, lse, truth_out, truth_lse):
     return rel_l2, max_abs, lse_abs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,case", list(_params()))
 def test_matches_dense_oracle(impl, case):
     device = impl.device()

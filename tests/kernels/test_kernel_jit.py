@@ -57,6 +57,7 @@ def test_smem_records_are_read_from_the_binary_in_order():
         jit.smem_records(b"\x7fELF nothing here")
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_compiled_object_names_every_kernel_ptxas_compiled_with_its_launch_smem():
     from kdtree.gates.build import parse_ptxas
@@ -74,6 +75,7 @@ def test_compiled_object_names_every_kernel_ptxas_compiled_with_its_launch_smem(
     assert by_variant[VARIANTS["base16"]].dynamic_smem_bytes == 2 * 32 * 584 * 2 + 4 * 16 * 40 * 4 + 16 * 40 * 2 + 3 * 16 * 4
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_records_follow_experiment_flags(monkeypatch):
     monkeypatch.setenv("KDTREE_NVCC_FLAGS", "-DWS_BN=16 -DWS_STAGES=4")
@@ -106,6 +108,7 @@ def test_extension_builds_into_the_cache_and_reports_the_records_shared_memory(t
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no half-built folder left
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_build_cli_prints_the_resource_report():
     from click.testing import CliRunner
@@ -150,6 +153,7 @@ def _wgmma_instructions(sass: str) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_sm_90a_build_holds_the_wgmma_kernel_within_sm_90_limits():
     from kdtree.gates.build import parse_ptxas
@@ -171,6 +175,7 @@ def test_sm_90a_build_holds_the_wgmma_kernel_within_sm_90_limits():
         assert set(hgmma) == {WGMMA_KERNEL} and hgmma[WGMMA_KERNEL] >= 36 + 8, hgmma
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 def test_sm_90_and_sm_120_builds_have_no_wgmma_kernel_and_no_hgmma(arch):

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     reason="this process already interprets triton: test_kernel_accuracy runs the cases")
+@pytest.mark.slow
 def test_triton_baseline_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", KDTREE_TEST_SEED=str(kernel_cases.BASE_SEED))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton",

@@ -179,6 +179,7 @@ def test_accuracy_gate_fails_broken_candidates_for_their_reason(name):
 
 @pytest.mark.parametrize("broken", [_drop_tail_past_8192, _lose_split_boundary_keys],
                          ids=["drop-tail-past-8192", "lose-split-boundary-keys"])
+@pytest.mark.slow
 def test_long_context_key_drops_slip_through_random_cases_but_fail_on_dominant_keys(broken):
     before = _accuracy(broken, cases=LONG_RANDOM[1:] if broken is _lose_split_boundary_keys else LONG_RANDOM,
                        structured=[], spec=_spec(**_OLD_GATE))
@@ -302,6 +303,7 @@ def test_token_exact_gate_passes_the_oracle_counting_its_calls():
     assert min(runs["scale-screen"]["sensitive"].values()) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", [_chain_mask_op, _first_mask_word_op], ids=["chain-mask", "first-mask-word-only"])
 def test_token_exact_gate_fails_a_wrong_tree_mask_on_decoy_trees(op):
     r = _token_exact(_op_backend(f"{op.__name__}-test", op), op, screen=False)
@@ -328,6 +330,7 @@ def test_token_exact_gate_fails_a_scale_of_one_over_sqrt_576_by_its_logit_drift(
     assert any(d["run"] == "scale-screen" for d in r.details["divergences"]), r.summary
 
 
+@pytest.mark.slow
 def test_token_exact_gate_fails_a_backend_that_never_calls_the_op():
     r = _token_exact(_op_backend("no-op-test", tree_verify_mla_reference, verify_without_op=True),
                      tree_verify_mla_reference, screen=False)
@@ -373,6 +376,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exi
                                 reason="nvcc is not installed")
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_build_gate_passes_the_kernel_for_sm90_and_sm120():
     spec = phase1_kernel.SPEC.gate("build")
@@ -380,6 +384,7 @@ def test_build_gate_passes_the_kernel_for_sm90_and_sm120():
     assert result.outcome is Outcome.PASSED, result.summary
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_build_gate_bites_on_the_real_kernel():
     base = phase1_kernel.SPEC.gate("build").model_copy(update={"archs": ["sm_90"]})
@@ -388,6 +393,7 @@ def test_build_gate_bites_on_the_real_kernel():
         assert result.outcome is Outcome.FAILED, (tighter, result.summary)
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_build_sm90a_gate_passes_the_wgmma_variant():
     spec = phase1_kernel.SPEC.gate("build_sm90a")
@@ -405,6 +411,7 @@ def test_build_sm90a_gate_passes_the_wgmma_variant():
     assert not build.only_kernels and not build.required_sass
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_build_sm90a_gate_bites():
     base = phase1_kernel.SPEC.gate("build_sm90a")
@@ -501,6 +508,7 @@ def test_speed_gate_fails_a_pointer_keyed_cache_around_the_kernel():
     assert "last timed call" in result.summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,H,reqs,kind", phase1_work.STRUCTURED_CASES, ids=[c[0] for c in phase1_work.STRUCTURED_CASES])
 def test_every_structured_case_of_the_gate_can_target_all_its_marked_keys(name, H, reqs, kind):
     # _assign_targets raises when T x H rows cannot hold every marked key: the GPU gate would error

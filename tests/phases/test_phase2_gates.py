@@ -64,18 +64,21 @@ def _token_exact(backend, long_prompts=1):
         drafters=(("ddtree", 16), ("ngram", 8))), CTX)
 
 
+@pytest.mark.slow
 def test_token_exact_passes_the_torch_backend():
     result = _token_exact("torch")
     assert result.outcome is Outcome.PASSED, result.summary
     assert {f.name for f in result.figures} >= {"exact_fraction", "longest_prompt"}
 
 
+@pytest.mark.slow
 def test_token_exact_fails_a_backend_with_a_leaky_mask():
     result = _token_exact("test-leaky")
     assert result.outcome is Outcome.FAILED
     assert "diverge" in result.summary, result.summary
 
 
+@pytest.mark.slow
 def test_token_exact_fails_without_a_long_prompt():
     result = _token_exact("torch", long_prompts=0)
     assert result.outcome is Outcome.FAILED
@@ -92,11 +95,13 @@ def _parity(op):
         s, c, reference=sglang_layout_reference, candidate_op=op, device="cpu", cases=CPU_PARITY), CTX)
 
 
+@pytest.mark.slow
 def test_sglang_parity_passes_the_backend_path():
     result = _parity(tree_verify_mla_reference)
     assert result.outcome is Outcome.PASSED, result.summary
 
 
+@pytest.mark.slow
 def test_sglang_parity_fails_a_leaky_mask():
     def leaky(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
         return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
@@ -106,6 +111,7 @@ def test_sglang_parity_fails_a_leaky_mask():
     assert "rel" in result.summary.lower() or "max" in result.summary.lower(), result.summary
 
 
+@pytest.mark.slow
 def test_sglang_parity_fails_a_kernel_that_leaves_rows_unwritten():
     def lazy(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
         full = tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale)
@@ -131,6 +137,7 @@ def _verify_speed(backends, sm120=None, **thresholds):
         with_converter=False, sm120=sm120), CTX)
 
 
+@pytest.mark.slow
 def test_verify_speedup_measures_the_step_and_its_breakdown():
     result = _verify_speed(("torch", "reference"), min_median_speedup=1e-3, min_each_speedup=1e-3)
     assert result.outcome is Outcome.PASSED, result.summary
@@ -166,12 +173,14 @@ def test_the_sm120_backend_runs_the_forced_path():
     assert backend._where == ("kdtree.phases.phase1_sm120", "sm120_path")
 
 
+@pytest.mark.slow
 def test_verify_speedup_fails_a_candidate_that_disagrees():
     result = _verify_speed(("test-leaky", "reference"), min_median_speedup=1e-3, min_each_speedup=1e-3)
     assert result.outcome is Outcome.FAILED
     assert "disagree" in result.summary, result.summary
 
 
+@pytest.mark.slow
 def test_verify_speedup_fails_a_candidate_that_is_not_faster():
     result = _verify_speed(("reference", "torch"), min_median_speedup=1e6, min_each_speedup=1e6)
     assert result.outcome is Outcome.FAILED
@@ -199,18 +208,21 @@ def test_decode_speedup_reports_the_sm120_path_beside_the_default():
     assert set(result.details["runs"][0]["tokens_per_s"]) == {"torch", "reference"}
 
 
+@pytest.mark.slow
 def test_decode_speedup_passes_two_exact_backends():
     result = _decode(("torch", "reference"))
     assert result.outcome is Outcome.PASSED, result.summary
     assert result.details["runs"][0]["same_tokens"]
 
 
+@pytest.mark.slow
 def test_decode_speedup_fails_when_tokens_differ():
     result = _decode(("test-zero-verify", "torch"))  # a leaky mask may leave greedy tokens unchanged
     assert result.outcome is Outcome.FAILED
     assert "same_tokens" in result.summary, result.summary
 
 
+@pytest.mark.slow
 def test_decode_speedup_fails_a_slow_candidate():
     result = _decode(("reference", "torch"), bound=1e6)
     assert result.outcome is Outcome.FAILED

@@ -228,6 +228,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
         assert len(set(d["kv_indices"][:k].tolist())) == k  # fresh, distinct slots
 
 
+@pytest.mark.slow
 def test_step_draws_keep_their_shapes_and_use_disjoint_slots():
     from kdtree.engine import build_model, preset
     from kdtree.engine.graph_capture import STAGE_FIELDS, Bucket

@@ -76,12 +76,14 @@ def test_spec_lists_the_issue_gates_and_every_gate_has_a_check():
         assert gate in names and targets
 
 
+@pytest.mark.slow
 def test_integrity_passes_on_the_real_relocation():
     r = _run("integrity", trials=1)
     assert r.outcome is Outcome.PASSED, r.summary
     assert _figure(r, "rows_relocated") > 0 and _figure(r, "rounds_checked") == SMALL_INTEGRITY["steps"]
 
 
+@pytest.mark.slow
 def test_integrity_fails_when_a_row_is_dropped():
     r = _run("integrity", relocator_cls=DropsARow, trials=1)
     assert r.outcome is Outcome.FAILED
@@ -89,6 +91,7 @@ def test_integrity_fails_when_a_row_is_dropped():
     assert "kv_bytes_changed" in r.summary
 
 
+@pytest.mark.slow
 def test_integrity_fails_when_the_map_is_not_updated():
     r = _run("integrity", relocator_cls=ForgetsTheMap, trials=1)
     assert r.outcome is Outcome.FAILED
