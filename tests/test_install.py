@@ -124,6 +124,8 @@ def test_the_wheel_installs_into_a_fresh_venv_and_orchestrate_works_without_torc
                     "import importlib.metadata as m, kdtree; print(kdtree.__version__, m.version('kdtree-engine'))"],
                    cwd=tmp_path, env=env).stdout.split()
     assert version == [kdtree.__version__, kdtree.__version__]
+    shown = _run([str(bin_dir / "orchestrate"), "--version"], cwd=tmp_path, env=env).stdout
+    assert f"(kdtree-engine) {kdtree.__version__}" in shown
     status = _run([str(bin_dir / "orchestrate"), "status"], cwd=clone, env=env)
     assert "plan 0002-sm120-verify-kernel-defrag" in status.stdout and "phase1" in status.stdout
     assert "Traceback" not in status.stderr
