@@ -100,11 +100,11 @@ def _assign_targets(L: int, T: int, H: int, parents: list[int], targets: int, rn
 
 def dominant_key_case(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str = "cuda",
                       targets: int = 8, strength: float = 20.0) -> dict[str, Any]:
-    """A `kdtree.tools.cases.make_case` case whose queries make the marked keys dominate (module
+    """A `kdtree.bench.cases.make_case` case whose queries make the marked keys dominate (module
     docstring). L and T are as given; the rest follows from the seed."""
     import torch  # noqa: PLC0415
 
-    from kdtree.tools.cases import make_case, random_parents  # noqa: PLC0415
+    from kdtree.bench.cases import make_case, random_parents  # noqa: PLC0415
     from kdtree.kernels.launch_plan import BLOCK_N  # noqa: PLC0415
 
     case = make_case(H, reqs, kind, seed, device="cpu")

@@ -48,8 +48,8 @@ class CoverageCase:
     params: dict = field(default_factory=dict)
 
     def make_inputs(self, seed: int, device: str) -> dict[str, Any]:
+        from kdtree.bench.cases import make_case, make_pool  # noqa: PLC0415
         from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-        from kdtree.tools.cases import make_case, make_pool  # noqa: PLC0415
 
         pool = make_pool(self.pool_slots, device, seed) if self.pool_slots else None
         inputs = make_case(self.H, self.requests, self.kind, seed, pool=pool, device=device, min_slot=self.min_slot)

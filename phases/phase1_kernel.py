@@ -47,7 +47,7 @@ SPEC = PhaseSpec(
         "with roofline fractions and plots",
     ],
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
+    inputs=["bench/**/*.py", "kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
             "phases/phase1_coverage.py", "phases/phase1_tokens.py", "phases/phase1_trees.py", "phases/phase1_cases.py",
             "phases/phase1_peers.py", "phases/phase1_sm120.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
     gates=[

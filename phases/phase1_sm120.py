@@ -92,7 +92,7 @@ def add_mma_ceiling_figures(result: GateResult, configs: list, bytes_per_s: floa
     """Measure the mma.sync ceiling now and add ``sm120_path_median_mma_ceiling`` /
     ``sm120_path_min_mma_ceiling`` (reported): per config the mma.sync floor over the sm_120
     path's median time. Where it cannot be measured the details say why (figures None)."""
-    from kdtree.tools.roofline import Shape, bytes_moved, flops  # noqa: PLC0415
+    from kdtree.bench.roofline import Shape, bytes_moved, flops  # noqa: PLC0415
 
     if measure is None:
         from kdtree.tools.mma_ceiling import measure  # noqa: PLC0415

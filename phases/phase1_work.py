@@ -11,24 +11,8 @@ import statistics
 import sys
 from typing import Any
 
+from kdtree.bench.accuracy_cases import ACCURACY_CASES
 from kdtree.gates.base import GateContext, GateResult
-
-# Edge cases of docs/design.md section 4 plus random mixes: (name, H, [(T_b, L_b) per request], tree kind).
-ACCURACY_CASES = [
-    ("random H8 T16 L1000", 8, [(16, 1000)], "random"),
-    ("T1 L0 H16", 16, [(1, 0)], "random"),
-    ("chain H1 T5 L37", 1, [(5, 37)], "chain"),
-    ("star H16 T300 L50", 16, [(300, 50)], "star"),
-    ("mixed H128", 128, [(7, 300), (1, 5), (40, 0)], "random"),
-    ("T1024 H8 L200", 8, [(1024, 200)], "random"),
-    ("T1024 H128 L64", 128, [(1024, 64)], "chain"),
-    ("H64 T64 B2 L4096", 64, [(64, 4096), (64, 4000)], "random"),
-    ("H16 T33 L16k", 16, [(33, 16384)], "random"),
-    ("H8 T4 L32k", 8, [(4, 32768)], "random"),
-    ("odd H3", 3, [(17, 77), (3, 1), (2, 0)], "random"),
-    ("H128 T256 L2000", 128, [(256, 2000)], "random"),
-    ("B8 mixed H8", 8, list(zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])), "random"),
-]
 
 # Structured cases (`phase1_cases.dominant_key_case`): keys that dominate their rows at the tail of
 # the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
@@ -57,7 +41,7 @@ def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
 
 
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
-    from kdtree.tools.cases import make_case  # noqa: PLC0415
+    from kdtree.bench.cases import make_case  # noqa: PLC0415
 
     return make_case(H, jittered(reqs, seed), kind, seed, device=device)
 
@@ -88,10 +72,10 @@ def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, struct
     Per-row errors are held relative to `phase1_cases.row_scale`."""
     import torch  # noqa: PLC0415
 
+    from kdtree.bench.cases import oracle  # noqa: PLC0415
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
     from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
     from kdtree.phases.phase1_coverage import accuracy_cases as coverage, device_variants  # noqa: PLC0415
-    from kdtree.tools.cases import oracle  # noqa: PLC0415
 
     own_kernel = candidate_fn is None
     if own_kernel:
@@ -232,15 +216,15 @@ class _Pool:
     """One random bf16 pool of >= 8 GB per gate run, shared by its configs."""
 
     def __init__(self, gb: float):
-        from kdtree.tools.cases import make_pool, pool_slots_for  # noqa: PLC0415
+        from kdtree.bench.cases import make_pool, pool_slots_for  # noqa: PLC0415
 
         self.tensor = make_pool(pool_slots_for(gb))
 
 
 def _gpu_timer():
-    """The tools' timer (`kdtree.tools.timing.gpu_timer`): L2 wiped (by reading) and a GPU
+    """The tools' timer (`kdtree.bench.timing.gpu_timer`): L2 wiped (by reading) and a GPU
     busy-wait queued before each call, so the events measure GPU time, not host enqueue time."""
-    from kdtree.tools.timing import gpu_timer  # noqa: PLC0415
+    from kdtree.bench.timing import gpu_timer  # noqa: PLC0415
 
     return gpu_timer()
 
@@ -273,14 +257,14 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     against FA3; then the mma.sync ceiling (`mma_ceiling`: a callable returning its rows, default
     `kdtree.tools.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
     launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records)."""
+    from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_SM  # noqa: PLC0415
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.kernels.flashinfer_peer import SM120_SMEM_PER_SM  # noqa: PLC0415
     from kdtree.phases.phase1_sm120 import (  # noqa: PLC0415
         PREFIX as SM120, add_mma_ceiling_figures, hold_smem, sm120_path, variants_by_config)
-    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
-    from kdtree.tools.roofline import Shape, floor_seconds  # noqa: PLC0415
-    from kdtree.tools.timing import measure_ceilings  # noqa: PLC0415
+    from kdtree.bench.cases import case_args, uniform_case  # noqa: PLC0415
+    from kdtree.bench.roofline import Shape, floor_seconds  # noqa: PLC0415
+    from kdtree.bench.timing import measure_ceilings  # noqa: PLC0415
 
     if baseline_name == "triton":
         from kdtree.kernels.triton_baseline import tree_verify_mla_triton as baseline_fn  # noqa: PLC0415
@@ -309,8 +293,8 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
                            others=others)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     if with_sm120:
+        from kdtree.bench.roofline import floors  # noqa: PLC0415
         from kdtree.phases.phase1_peers import add_peer_figures  # noqa: PLC0415
-        from kdtree.tools.roofline import floors  # noqa: PLC0415
 
         def tensor_bound(cfg) -> bool:
             byte_s, flop_s = floors(Shape(**cfg.params), bw, rate)
@@ -339,9 +323,9 @@ def check_speedup_naive(spec, ctx: GateContext) -> GateResult:
 def check_scatter(spec, ctx: GateContext) -> GateResult:
     """The kernel on scattered vs contiguous slots, same shapes, GPU time (`_gpu_timer`)
     interleaved; host enqueue time per layout in the details."""
+    from kdtree.bench.cases import case_args, uniform_case  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
 
     pool = _Pool(8.0).tensor
     timer = _gpu_timer()

@@ -34,7 +34,7 @@ SPEC = PhaseSpec(
         "the dsv3-tp8 model preset: DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard",
     ],
     versions=["torch", "triton", "nvcc", "sglang"],  # recorded with every run, besides python and the orchestrator
-    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/phase2_backend.py", "phases/phase2_work.py", "phases/phase1_tokens.py", "phases/phase1_trees.py",
             "phases/phase1_sm120.py",
             "gates/**/*.py"],

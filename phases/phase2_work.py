@@ -83,27 +83,11 @@ def _hold(result: GateResult, figure: Figure, failure: str) -> GateResult:
 
 
 # -- token_exact ---------------------------------------------------------------------------------
-def token_exact_prompts(n: int, long_prompts: int, long_len: int, vocab: int, seed: int) -> list[list[int]]:
-    """n prompts: `long_prompts` of `long_len`+ tokens (a motif repeated with noise, so prompt
-    lookup and the induction circuit both have matches far back), the rest 4..48 tokens."""
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(n):
-        if i < long_prompts:
-            motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 512))]
-            p = [motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab)
-                 for j in range(long_len + rng.randrange(256))]
-        else:
-            m = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
-            p = [m[j % len(m)] if i % 2 else rng.randrange(vocab) for j in range(rng.randint(4, 48))]
-        prompts.append(p)
-    return prompts
-
-
 def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: str = "cuda",
                       preset_name: str = "tiny-long", long_len: int = LONG_PROMPT_TOKENS, long_prompts: int = 2,
                       drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
     """Tree speculative decoding on `backend` vs plain greedy decoding on the oracle backend."""
+    from kdtree.bench.verify_step import token_exact_prompts  # noqa: PLC0415
     from kdtree.engine import generate  # noqa: PLC0415
     from kdtree.gates.token_exact import Stream, check_token_exact as run  # noqa: PLC0415
 
@@ -155,37 +139,6 @@ def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ct
 
 
 # -- sglang_parity -------------------------------------------------------------------------------
-def sglang_extend_attention():
-    """(SGLang's own ``extend_attention_fwd`` from the installed wheel, how it was loaded), or ImportError."""
-    from kdtree.integrations.sglang.sglang_kernels import load_extend_attention  # noqa: PLC0415
-
-    return load_extend_attention()
-
-
-def sglang_triton_verify(fx: dict[str, Any], extend_attention_fwd) -> Any:
-    """SGLang's Triton target-verify call on a fixture, exactly as ``TritonAttnBackend.forward_extend``
-    makes it for an MLA layer (its pool already holds the prefix; k/v of the drafts passed in)."""
-    import torch  # noqa: PLC0415
-
-    q, k, v, pool = fx["q"], fx["k_extend"], fx["v_extend"], fx["pool"]
-    o = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
-    extend_attention_fwd(q, k.contiguous(), v.contiguous(), o, pool, pool[..., :512], fx["qo_indptr"],
-                         fx["kv_indptr"], fx["kv_indices"], fx["custom_mask"], True, fx["mask_indptr"],
-                         fx["num_draft_tokens"], 1.0, 1.0, fx["sm_scale"])
-    return o
-
-
-def kdtree_sglang_verify(fx: dict[str, Any], converter, op, out) -> None:
-    """What the SGLang backend does on a target-verify MLA layer: write the drafts' KV into the
-    pool, convert SGLang's metadata (`VerifyConverter`), run the op on the pool."""
-    pool = fx["pool"]
-    pool[fx["out_cache_loc"]] = fx["k_extend"]
-    meta = converter.convert(fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"],
-                             fx["custom_mask"], fx["mask_indptr"])
-    op(fx["q"], pool.view(pool.shape[0], 576), meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
-       fx["sm_scale"], out=out)
-
-
 PARITY_CASES = [  # (name, H, prefix lens, tree size, tree kind, mask dtype, qo dtype, ancestor-closed, padded)
     ("H16 N64 B2 random", 16, "random2", 64, "random", "bool", "int32", True, 0),
     ("H16 N8 B4 chain", 16, "random4", 8, "chain", "uint8", "int64", True, 0),
@@ -216,6 +169,7 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
     (the CPU tests use the fp64 layout oracle); `candidate_op` replaces the CUDA kernel."""
     import torch  # noqa: PLC0415
 
+    from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify  # noqa: PLC0415
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
     from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
     from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
@@ -273,100 +227,6 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
 
 
 # -- verify_speedup ------------------------------------------------------------------------------
-class VerifySetup:
-    """Requests with an L-token prefix of random KV in a pool, one tree each, two runners (kernel and
-    triton backends) on the same model and pool. `step(runner)` is one whole verify step."""
-
-    def __init__(self, model, context: int, batch: int, budget: int, seed: int, backends=("kernel", "triton")):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.backends import get_backend  # noqa: PLC0415
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-        from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        cfg = model.config
-        slots = batch * (context + budget) + 64
-        self.pool = KVPool(cfg.num_layers, slots, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        self.requests, self.trees = [], []
-        order = self.pool.alloc(batch * context).tolist()
-        rng.shuffle(order)
-        for b in range(batch):
-            self.pool.add_request(b)
-            self.pool.append(b, order[b * context: (b + 1) * context])
-            prompt = [rng.randrange(cfg.vocab_size) for _ in range(8)]
-            r = Request(b, prompt, 1 << 20, output=[rng.randrange(cfg.vocab_size)])
-            self.requests.append(r)
-            parents = [-1] + [rng.randrange(t) for t in range(1, budget)]
-            tokens = [r.pending] + rng.sample(range(cfg.vocab_size), budget - 1)
-            self.trees.append(TokenTree(tokens, parents))
-        tree_ids = self.pool.alloc(batch * budget).tolist()
-        self.tree_slots = [tree_ids[b * budget: (b + 1) * budget] for b in range(batch)]
-        self.runners = {name: Runner(model, self.pool, get_backend(name)) for name in backends}
-        self.context, self.batch, self.budget = context, batch, budget
-
-    def step(self, name: str):
-        return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
-
-    def refresh(self, seed: int) -> None:
-        """New prefix KV in place (every layer's pool rows redrawn): the speed gate's rounds must
-        not be answerable from a cache keyed on shapes or pointers."""
-        import torch  # noqa: PLC0415
-
-        gen = torch.Generator(device=self.pool.kv[0].device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-
-    def metadata(self, name: str):
-        from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
-
-        runner = self.runners[name]
-        return verify_metadata([runner.prefix(r.rid) for r in self.requests], self.tree_slots,
-                               [t.parents for t in self.trees], runner.model.device)
-
-
-def _median_ms(fn, repeats: int, sync) -> float:
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def step_breakdown(setup: VerifySetup, name: str, repeats: int = 10) -> dict[str, float]:
-    """One verify step's time split: metadata conversion, attention (every layer's op call on
-    that metadata, alone), the rest (projections, MLPs, KV writes, head, host). Wall clock with
-    the device synchronised around each part."""
-    import torch  # noqa: PLC0415
-
-    model = setup.runners[name].model
-    dev = model.device
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    backend = setup.runners[name].backend
-    meta = setup.metadata(name)
-    rows = sum(setup.budget for _ in setup.requests)
-    q = torch.randn(rows, model.config.num_heads, 576, device=dev, dtype=model.dtype)
-    kv = setup.pool.kv
-    scale = model.config.sm_scale
-
-    def attention():
-        for layer in kv:
-            backend.forward_verify(q, layer, meta, scale)
-
-    step_ms = _median_ms(lambda: setup.step(name), repeats, sync)
-    conv_ms = _median_ms(lambda: setup.metadata(name), repeats, sync)
-    attn_ms = _median_ms(attention, repeats, sync)
-    return {"step_ms": step_ms, "conversion_ms": conv_ms, "attention_ms": attn_ms,
-            "rest_ms": max(0.0, step_ms - conv_ms - attn_ms), "attention_share": attn_ms / step_ms if step_ms else math.nan}
-
-
 def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16, tree: int = TREE_BUDGET,
                        repeats: int = 20, device: str = "cuda") -> dict[str, float]:
     """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
@@ -410,6 +270,7 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     Triton backend, interleaved in one process, at each context; step time broken down per backend.
     ``sm120`` names the backend of the sm_120 path, timed in the same rounds and reported as
     ``sm120_path_*`` ("default": `sm120_backend()`; None: not timed)."""
+    from kdtree.bench.verify_step import VerifySetup, step_breakdown  # noqa: PLC0415
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
     from kdtree.gates.timing import cuda_event_timer, default_timer  # noqa: PLC0415
 

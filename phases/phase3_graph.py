@@ -31,7 +31,7 @@ SPEC = PhaseSpec(
         "get_cuda_graph_seq_len_fill_value for target verify",
     ],
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/phase3_graph.py", "phases/phase3_work.py", "gates/**/*.py"],
     gates=[
         GraphSafetyGateSpec(

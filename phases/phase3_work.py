@@ -52,15 +52,6 @@ def _agree(cmp, tol: float = 1e-2) -> bool:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
-def _parents(rng: random.Random, n: int) -> list[int]:
-    kind = rng.choice(["random", "random", "chain", "star"])
-    if kind == "chain":
-        return list(range(-1, n - 1))
-    if kind == "star":
-        return [-1] + [0] * (n - 1)
-    return [-1] + [rng.randrange(t) for t in range(1, n)]
-
-
 def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Sequence[int]] = None,
                   sizes: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """Static-shaped op-contract inputs of a bucket: fresh live requests (the rest padded), tree
@@ -68,6 +59,7 @@ def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Seq
     for the padded rows. `lens` / `sizes` fix the live requests' lengths and tree sizes."""
     import torch  # noqa: PLC0415
 
+    from kdtree.bench.verify_step import mixed_parents  # noqa: PLC0415
     from kdtree.kernels import pack_tree_masks  # noqa: PLC0415
 
     rng = random.Random(seed)
@@ -87,7 +79,7 @@ def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Seq
         kv_indices[at: at + length + size] = perm[at: at + length + size]
         qo.append(qo[-1] + size)
         kv.append(at + length + size)
-        parents.append(_parents(rng, size))
+        parents.append(mixed_parents(rng, size))
     qo += [qo[-1]] * (B + 1 - len(qo))
     kv += [kv[-1]] * (B + 1 - len(kv))
     words = bucket.mask_words
@@ -193,68 +185,9 @@ def converter_case(heads: int = 16, batch: int = 4, tree: int = 16, context: int
                      params={"B": batch, "T": tree, "L": context, "H": heads}), fn
 
 
-class StepInputs:
-    """Fresh verify steps for a bucket of the engine: a model, a pool of random KV, and draws of
-    live requests, prefix lengths, trees, tokens and slots (prefix and tree slots disjoint)."""
-
-    def __init__(self, model, bucket, seed: int = 0):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-
-        self.model, self.bucket = model, bucket
-        self.slots = bucket.batch * (bucket.context + bucket.tree) + 8
-        self.pool = KVPool(model.config.num_layers, self.slots + 1, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        self.scratch = self.slots  # the last slot: never a prefix or tree slot of a draw
-
-    def draw(self, seed: int, device: str, lens=None, sizes=None) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.graph_capture import stage_values  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        B, T, C = self.bucket.batch, self.bucket.tree, self.bucket.context
-        vocab = self.model.config.vocab_size
-        if lens is None:
-            live = rng.choice([B, rng.randint(1, B)])
-            lens = [rng.choice([0, C - T, rng.randint(0, C - T)]) for _ in range(live)]
-        if sizes is None:
-            sizes = [rng.choice([T, 1, rng.randint(1, T)]) for _ in lens]
-        order = list(range(self.slots))
-        rng.shuffle(order)
-        trees, tree_slots, prefixes, at = [], [], [], 0
-        for length, size in zip(lens, sizes):
-            prefixes.append(order[at: at + length])
-            tree_slots.append(order[at + length: at + length + size])
-            at += length + size
-            trees.append(TokenTree(rng.sample(range(vocab), size), _parents(rng, size)))
-        values, starts = stage_values(self.bucket, lens, trees, tree_slots, self.scratch)
-        kv_indices = torch.tensor(order[: self.bucket.kv_capacity], dtype=torch.int32)
-        for start, prefix in zip(starts, prefixes):
-            kv_indices[start: start + len(prefix)] = torch.tensor(prefix, dtype=torch.int32)
-        return {"stage": torch.tensor(values, dtype=torch.int64, device=device), "kv_indices": kv_indices.to(device)}
-
-    def outputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-
-        return {"logits": torch.empty(self.bucket.rows, self.model.config.vocab_size, dtype=torch.float32,
-                                      device=inputs["stage"].device)}
-
-    def body(self, backend) -> Callable[[dict[str, Any], dict[str, Any]], None]:
-        from kdtree.engine.graph_capture import verify_body  # noqa: PLC0415
-
-        def fn(inputs, outputs):
-            verify_body(self.model, self.pool.kv, self.bucket, backend, inputs["stage"], inputs["kv_indices"],
-                        outputs["logits"])
-        return fn
-
-
 def step_cases(model, buckets=STEP_BUCKETS, backend_for=None) -> list[tuple[Any, Callable]]:
     """(GraphCase, captured callable) per engine bucket (whole verify steps of `model`)."""
+    from kdtree.bench.verify_step import StepInputs  # noqa: PLC0415
     from kdtree.engine.graph_capture import Bucket, BucketKernelBackend  # noqa: PLC0415
     from kdtree.gates.graph_safety import GraphCase  # noqa: PLC0415
 
@@ -414,6 +347,8 @@ def engine_step_allocations(model, steps: int, context: int = 1000, batch: int =
     """CUDA allocations made by the engine's graph verify steps after the first (capture) one."""
     import torch  # noqa: PLC0415
 
+    from kdtree.bench.verify_step import EngineVerify  # noqa: PLC0415
+
     setup = EngineVerify(model, context, batch, tree, seed=1, graphs_factory=graphs_factory)
     setup.step("graph")  # captures
     torch.cuda.synchronize()
@@ -427,50 +362,12 @@ def engine_step_allocations(model, steps: int, context: int = 1000, batch: int =
                        "captures": graphs.captures, "fallbacks": graphs.fallbacks}
 
 
-class EngineVerify:
-    """Requests with an L-token prefix of random KV and one tree each, and two runners on the same
-    model and pool, both on the kernel backend: ``eager`` and ``graph`` (`VerifyGraphs`)."""
-
-    def __init__(self, model, context: int, batch: int, tree: int, seed: int, graphs_factory=None):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.backends import get_backend  # noqa: PLC0415
-        from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-        from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        cfg = model.config
-        self.pool = KVPool(cfg.num_layers, batch * (context + tree) + 64, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        order = self.pool.alloc(batch * context).tolist()
-        rng.shuffle(order)
-        self.requests, self.trees = [], []
-        for b in range(batch):
-            self.pool.add_request(b)
-            self.pool.append(b, order[b * context: (b + 1) * context])
-            r = Request(b, [1], 1 << 20, output=[rng.randrange(cfg.vocab_size)])
-            self.requests.append(r)
-            self.trees.append(TokenTree([r.pending] + rng.sample(range(cfg.vocab_size), tree - 1),
-                                        [-1] + [rng.randrange(t) for t in range(1, tree)]))
-        ids = self.pool.alloc(batch * tree).tolist()
-        self.tree_slots = [ids[b * tree: (b + 1) * tree] for b in range(batch)]
-        graphs = (graphs_factory or VerifyGraphs)(model, self.pool)
-        self.runners = {"eager": Runner(model, self.pool, get_backend("kernel")),
-                        "graph": Runner(model, self.pool, get_backend("kernel"), graphs=graphs)}
-
-    def step(self, name: str):
-        return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
-
-
 def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=SPEED_BATCHES,
                          context: int = SPEED_CONTEXT, tree: int = SPEED_TREE, loss_buckets=LOSS_BUCKETS,
                          loss_contexts=LOSS_CONTEXTS, decode_new_tokens: int = DECODE_NEW_TOKENS) -> GateResult:
     """Whole verify step, graph vs eager (engine, kernel backend), interleaved, at each batch;
     decode tokens/s with and without graphs; captured launch vs exact-length eager at L >= 32k."""
+    from kdtree.bench.verify_step import EngineVerify  # noqa: PLC0415
     from kdtree.gates.base import verdict  # noqa: PLC0415
     from kdtree.gates.tensors import compare  # noqa: PLC0415
     from kdtree.gates.timing import Spread, cuda_event_timer, interleaved  # noqa: PLC0415

@@ -36,16 +36,16 @@ SPEC = PhaseSpec(
                "what contiguity buys is measured, including where it buys nothing."),
     deliverables=[
         "kdtree.engine.allocator.SortedRunAllocator (Tier 0; its core native, engine/csrc/slot_runs.cpp, "
-        "where a C++ compiler is found, else the same in Python) and kdtree.engine.sglang_allocator_model "
+        "where a C++ compiler is found, else the same in Python) and kdtree.bench.sglang_allocator_model "
         "(SGLang 0.5.23's page_size=1 allocator, the baseline)",
         "kdtree.engine.relocation: victims by runs removed per byte, a per-step byte budget, pins; "
         "KVPool.move_tokens rewrites req_to_token, the draft pool and a prefix cache's nodes with the copy",
-        "kdtree.engine.churn and kdtree.engine.spec_churn: churn workloads (synthetic at 1M slots; "
+        "kdtree.bench.churn and kdtree.bench.spec_churn: churn workloads (synthetic at 1M slots; "
         "speculative decoding with requests arriving and finishing)",
-        "kdtree.engine.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
+        "kdtree.bench.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
     ],
     versions=["torch", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
             "gates/**/*.py"],
     gates=[
         _gate("integrity", ["torch"],

@@ -1,7 +1,7 @@
 """Phase 4's work: what each gate of `phase4_defrag.SPEC` runs, bound to this project's engine.
 
 Every check takes (spec, ctx) and returns a `kdtree.gates.metric.check_metric` result. Seeds are
-fresh per run (`ctx.fresh_seed`); the churn workloads (`kdtree.engine.churn`) draw everything from
+fresh per run (`ctx.fresh_seed`); the churn workloads (`kdtree.bench.churn`) draw everything from
 them. torch and the engine are imported inside the functions. Checks that take a relocator accept
 ``relocator_cls`` so the tests can hand them broken relocations and assert why they fail.
 """
@@ -37,7 +37,7 @@ def _size(table: dict, ctx: GateContext) -> dict:
 
 
 def _churn_config(ctx: GateContext, **kw):
-    from kdtree.engine.churn import ChurnConfig  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnConfig  # noqa: PLC0415
 
     return ChurnConfig(**kw)
 
@@ -49,7 +49,7 @@ def check_integrity(spec, ctx: GateContext, relocator_cls=None, trials: int = 2)
     copy written with it, byte for byte, and no pinned slot moved or changed."""
     import torch  # noqa: PLC0415
 
-    from kdtree.engine.churn import ChurnRun  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnRun  # noqa: PLC0415
     from kdtree.engine.relocation import Relocator  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
@@ -90,9 +90,9 @@ def check_token_exact(spec, ctx: GateContext, relocator_cls=None, requests: Opti
     request's tokens with defrag on (Tier 0 + relocation after every step) == with it off."""
     import random  # noqa: PLC0415
 
+    from kdtree.bench.spec_churn import Arrival, serve  # noqa: PLC0415
     from kdtree.engine import ModelConfig, build_model  # noqa: PLC0415
     from kdtree.engine.relocation import Relocator  # noqa: PLC0415
-    from kdtree.engine.spec_churn import Arrival, serve  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     n_req, n_trials = (6, 1) if ctx.quick else (10, 2)
@@ -132,7 +132,7 @@ def check_token_exact(spec, ctx: GateContext, relocator_cls=None, requests: Opti
 def check_copy_budget(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     """Tier 0+1 churn at scale; the bytes each round really copies are counted at the pool's copy
     (not from the relocator's own report) and held against that round's budget."""
-    from kdtree.engine.churn import ChurnRun  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnRun  # noqa: PLC0415
     from kdtree.engine.relocation import Relocator  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
@@ -168,8 +168,8 @@ def check_copy_budget(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
 def check_contiguity(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     """Runs per live request after the same churn workload, per allocator mode; also the host cost
     of the allocator per step and the free tail each mode leaves (benefit 3c)."""
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import releasable_tail  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
+    from kdtree.bench.defrag_measure import releasable_tail  # noqa: PLC0415
     from kdtree.engine.relocation import Relocator  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
@@ -212,7 +212,7 @@ def check_contiguity(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
 def _allocator_cost_b8(ctx: GateContext, seed: int) -> dict[str, float]:
     """The allocator's host cost per step at B=8, L=32k (the issue's target: under 2 % of a verify
     step there), against the verify step's HBM floor (bytes of the dsv3-tp8 preset / 4.3 TB/s)."""
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
 
     lc = _size(ALLOC_COST, ctx)
     cfg = _churn_config(ctx, **lc)
@@ -236,8 +236,8 @@ def _allocator_cost_b8(ctx: GateContext, seed: int) -> dict[str, float]:
 def _verify_step_floor_ms(context: int) -> float:
     """HBM floor of one dsv3-tp8 verify step at B=8 (`defrag_measure.verify_step_hbm_bytes`), ms
     (on every device: it is the target's step, whatever the workload measured)."""
+    from kdtree.bench.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
     from kdtree.engine.config import preset  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
 
     hbm = verify_step_hbm_bytes(preset(VERIFY_STEP_PRESET), TARGET_BATCH, context, TREE_NODES)
     return hbm["total_bytes"] / H200_HBM_BYTES_PER_S * 1e3
@@ -281,8 +281,8 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     on vs off, wall time to completion, interleaved step by step."""
     import torch  # noqa: PLC0415
 
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import churn_layouts  # noqa: PLC0415
+    from kdtree.bench.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
+    from kdtree.bench.defrag_measure import churn_layouts  # noqa: PLC0415
     from kdtree.gates.metric import check_metric  # noqa: PLC0415
     from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
@@ -364,8 +364,8 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     allocator_on = statistics.median(on.stats.allocator_seconds[warm:])
     # The issue's denominator: a dsv3-tp8 verify step at B=8, L=32k on this device, estimated as
     # its layers x this run's kernel time plus its weights' HBM floor (the rest of the step).
+    from kdtree.bench.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
     from kdtree.engine.config import preset  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
 
     preset_cfg = preset(VERIFY_STEP_PRESET)
     hbm = verify_step_hbm_bytes(preset_cfg, len(live), lc["prompt_len"][1], TREE_NODES)
@@ -414,8 +414,8 @@ def _owned_kernel():
 
 def _timer(device):
     if device.type == "cuda":
+        from kdtree.bench.timing import LEAD_S  # noqa: PLC0415
         from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
-        from kdtree.tools.timing import LEAD_S  # noqa: PLC0415
 
         return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
     from kdtree.gates.timing import perf_counter_timer  # noqa: PLC0415
@@ -456,7 +456,7 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
     runs -> kv_indices expansion per verify step."""
     import torch  # noqa: PLC0415
 
-    from kdtree.engine.defrag_measure import (  # noqa: PLC0415
+    from kdtree.bench.defrag_measure import (  # noqa: PLC0415
         churn_layouts, copy_out_and_back, expand_seconds, gather_out,
         gather_staging_bytes, median_seconds, pd_handoff, request_runs_tensors, upload_seconds,
     )
@@ -547,7 +547,7 @@ def _interference(pool, layouts, defragmented_run, live, device, seed) -> dict[s
     stream: the phase-1 kernel on the B=8 requests (one layer) against each copy method."""
     import torch  # noqa: PLC0415
 
-    from kdtree.engine.defrag_measure import gather_out, main_stream_slowdown, runs_out  # noqa: PLC0415
+    from kdtree.bench.defrag_measure import gather_out, main_stream_slowdown, runs_out  # noqa: PLC0415
     from kdtree.gates.timing import gpu_cycles_per_s, sleep_cycles  # noqa: PLC0415
     from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
     from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415

@@ -53,7 +53,7 @@ if [ "$BUILD_RC" != 0 ]; then echo "build failed: see $OUT/build.log"; ls "$OUT"
 step smoke 60 python3 - <<'PY'
 import torch
 from kdtree.kernels.cuda_op import launch
-from kdtree.tools.cases import call, make_case, oracle
+from kdtree.bench.cases import call, make_case, oracle
 for H, reqs, splits in [(8, [(16, 1000)], 1), (16, [(33, 5000)], 3), (3, [(17, 77), (3, 1), (2, 0)], None)]:
     case = make_case(H, reqs, "random", seed=5)
     out = call(lambda *a, **k: launch(*a, **k, variant="wgmma", num_splits=splits), case)

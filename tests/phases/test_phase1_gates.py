@@ -197,7 +197,7 @@ def test_the_split_boundary_candidate_is_not_vacuous():
 
 
 def test_dominant_key_cases_make_their_marked_keys_dominate():
-    from kdtree.tools.cases import oracle
+    from kdtree.bench.cases import oracle
     from kdtree.phases.phase1_cases import marked_positions
 
     case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kdtree.bench import flashinfer_peer
+from kdtree.bench import timing as tools_timing
 from kdtree.gates.base import GateContext, GateResult, Outcome, run_check
-from kdtree.kernels import flashinfer_peer
 from kdtree.kernels.launch_plan import choose_variant, variant_name
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.orchestrator.targets import evaluate_target
 from kdtree.phases import phase1_kernel, phase1_sm120, phase1_work
-from kdtree.tools import timing as tools_timing
 
 CEILING_ROWS = [{"device": "fake", "sm": 90, "sms": 132},
                 {"warps_per_sm": 8, "ldsm_bytes_per_mma": 0, "mma": True, "tflops": 500.0},
@@ -73,7 +73,7 @@ class FakePeer:
 
 class _Pool:
     def __init__(self, gb):
-        from kdtree.tools.cases import make_pool
+        from kdtree.bench.cases import make_pool
 
         self.tensor = make_pool(4096, "cpu", 7)
 
@@ -231,8 +231,8 @@ def test_hold_smem_fails_a_variant_the_extension_does_not_record():
 def test_the_sm120_path_matches_the_default_dispatch_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+    from kdtree.bench.cases import case_args, make_case
     from kdtree.kernels import tree_verify_mla
-    from kdtree.tools.cases import case_args, make_case
 
     for H, reqs in [(16, [(64, 3000)]), (2, [(4, 500), (3, 9)])]:
         case = make_case(H, reqs, "random", 5, device="cuda")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kdtree.bench.verify_step import StepInputs
 from kdtree.gates.base import GateContext, Outcome
 from kdtree.phases import phase3_graph, phase3_work
 
@@ -232,7 +233,7 @@ def test_step_draws_keep_their_shapes_and_use_disjoint_slots():
     from kdtree.engine import build_model, preset
     from kdtree.engine.graph_capture import STAGE_FIELDS, Bucket
 
-    setup = phase3_work.StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
+    setup = StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
     draws = [setup.draw(seed, "cpu") for seed in range(8)]
     assert len({(tuple(d["stage"].shape), tuple(d["kv_indices"].shape)) for d in draws}) == 1
     r = setup.bucket.rows

@@ -170,7 +170,7 @@ def test_benefit_records_the_cpu_fallback_and_every_figure():
 
 
 def test_pairwise_runs_break_where_either_side_breaks():
-    from kdtree.engine.defrag_measure import pairwise_runs
+    from kdtree.bench.defrag_measure import pairwise_runs
 
     assert pairwise_runs([5, 6, 7, 9, 10], [0, 1, 2, 3, 4]) == [(5, 0, 3), (9, 3, 2)]
     assert pairwise_runs([5, 6, 7], [0, 2, 3]) == [(5, 0, 1), (6, 2, 2)]  # the destination breaks

@@ -30,7 +30,7 @@ def test_with_targets_keeps_thresholds_and_adds_targets():
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeypatch, backend):
-    from kdtree.kernels import flashinfer_peer
+    from kdtree.bench import flashinfer_peer
     from kdtree.phases.phase1_peers import add_peer_figures
 
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: "no flashinfer")
@@ -44,9 +44,9 @@ def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeyp
 def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(monkeypatch):
     from types import SimpleNamespace
 
+    from kdtree.bench import flashinfer_peer
     from kdtree.gates import speedup as speedup_mod
     from kdtree.gates.base import Figure
-    from kdtree.kernels import flashinfer_peer
     from kdtree.phases.phase1_peers import add_peer_figures
 
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: None)
