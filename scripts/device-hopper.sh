@@ -95,7 +95,7 @@ if [ "$MODE" = peers ]; then
 fi
 
 # 3. timing: wgmma vs ws vs base32 on the phase-1 speed grid (L >= 32k), interleaved, GPU time
-CONFIGS=$(python3 -c "from kdtree.phases.phase1_work import SPEED_CONFIGS as c; print(';'.join(','.join(map(str, x)) for x in c))")
+CONFIGS=$(python3 -c "from kdtree.phases.phase1.checks import SPEED_CONFIGS as c; print(';'.join(','.join(map(str, x)) for x in c))")
 step timing 180 python3 -m kdtree.tools.devcheck --out "$OUT/timing" --time-only --impl none \
   --compare-variants wgmma,ws,base32 --configs "$CONFIGS"
 sed -n '/^config /,$p' "$OUT/timing.log"
