@@ -146,12 +146,12 @@ SPEC = PhaseSpec(
 
 # gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "build": ".checks:check_build",
-    "build_sm90a": ".checks:check_build",
-    "accuracy": ".checks:check_accuracy",
-    "token_exact": ".checks:check_token_exact",
-    "speedup": ".checks:check_speedup",
-    "speedup_naive": ".checks:check_speedup_naive",
-    "scatter": ".checks:check_scatter",
-    "sanitizer": ".checks:check_sanitizer",
+    "build": "kdtree.phases.phase1.checks:check_build",
+    "build_sm90a": "kdtree.phases.phase1.checks:check_build",
+    "accuracy": "kdtree.phases.phase1.checks:check_accuracy",
+    "token_exact": "kdtree.phases.phase1.checks:check_token_exact",
+    "speedup": "kdtree.phases.phase1.checks:check_speedup",
+    "speedup_naive": "kdtree.phases.phase1.checks:check_speedup_naive",
+    "scatter": "kdtree.phases.phase1.checks:check_scatter",
+    "sanitizer": "kdtree.phases.phase1.checks:check_sanitizer",
 }

@@ -99,8 +99,8 @@ SPEC = with_targets(SPEC, _by_gate)
 
 # gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "token_exact": ".checks:check_token_exact",
-    "sglang_parity": ".checks:check_sglang_parity",
-    "verify_speedup": ".checks:check_verify_speedup",
-    "decode_speedup": ".checks:check_decode_speedup",
+    "token_exact": "kdtree.phases.phase2.checks:check_token_exact",
+    "sglang_parity": "kdtree.phases.phase2.checks:check_sglang_parity",
+    "verify_speedup": "kdtree.phases.phase2.checks:check_verify_speedup",
+    "decode_speedup": "kdtree.phases.phase2.checks:check_decode_speedup",
 }

@@ -83,7 +83,7 @@ SPEC = with_targets(SPEC, {
 
 # gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "replay_equal": ".checks:check_replay_equal",
-    "capture_clean": ".checks:check_capture_clean",
-    "replay_speedup": ".checks:check_replay_speedup",
+    "replay_equal": "kdtree.phases.phase3.checks:check_replay_equal",
+    "capture_clean": "kdtree.phases.phase3.checks:check_capture_clean",
+    "replay_speedup": "kdtree.phases.phase3.checks:check_replay_speedup",
 }

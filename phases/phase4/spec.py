@@ -104,10 +104,10 @@ SPEC = with_targets(SPEC, {gate: [Target(figure=f, op=op, value=v) for f, op, v 
 
 # gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "integrity": ".checks:check_integrity",
-    "token_exact": ".checks:check_token_exact",
-    "copy_budget": ".checks:check_copy_budget",
-    "contiguity": ".checks:check_contiguity",
-    "no_slowdown": ".checks:check_no_slowdown",
-    "benefit": ".checks:check_benefit",
+    "integrity": "kdtree.phases.phase4.checks:check_integrity",
+    "token_exact": "kdtree.phases.phase4.checks:check_token_exact",
+    "copy_budget": "kdtree.phases.phase4.checks:check_copy_budget",
+    "contiguity": "kdtree.phases.phase4.checks:check_contiguity",
+    "no_slowdown": "kdtree.phases.phase4.checks:check_no_slowdown",
+    "benefit": "kdtree.phases.phase4.checks:check_benefit",
 }
