@@ -5,7 +5,7 @@ fragments); `SortedRunAllocator` is phase 4's Tier 0: free slots kept as sorted 
 allocation served from the lowest run that fits, and a request's allocation grown in place after
 its last slot where that slot is free (`alloc_after`). Relocation claims specific slots (`claim`).
 The allocator only knows which slots are free; which slot holds which token lives in the pool's
-req_to_token map. SGLang's page_size=1 scheme, the baseline, is `kdtree.engine.sglang_allocator_model`.
+req_to_token map. SGLang's page_size=1 scheme, the baseline, is `kdtree.bench.sglang_allocator_model`.
 """
 
 from __future__ import annotations

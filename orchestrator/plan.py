@@ -6,7 +6,7 @@ A project names its plan in its ``pyproject.toml``, the way pytest or ruff are c
     id = "0002-sm120-verify-kernel-defrag"
     title = "..."
     markdown = "plans/0002-sm120-verify-kernel-defrag.md"
-    phases = ["kdtree.phases.phase1_kernel", "kdtree.phases.phase2_backend", ...]
+    phases = ["kdtree.phases.phase1", "kdtree.phases.phase2", ...]
     # results_dir = "plans/results", changelog = "CHANGELOG.md" (the defaults)
 
 The table is a `PlanSpec` (unknown keys are errors); every path in it is relative to the folder
@@ -18,12 +18,20 @@ path, imported with `importlib.import_module` with the project root first on ``s
 project's own modules win over any installed copy). The module, or package, exports
 
 - ``SPEC``: a `PhaseSpec` (or a dict validated into one), and optionally
-- ``CHECKS``: gate name -> ``check(spec, ctx) -> GateResult``; a gate with no check reports
-  ``not-implemented``.
+- ``CHECKS``: gate name -> the gate's check, ``check(spec, ctx) -> GateResult``: a function, or
+  a ``"module:function"`` string (``"pkg.checks:check_speed"``; a module starting with ``.`` is
+  relative to the phase's package), the way entry points and DVC's stage commands name code. A
+  gate with no check reports ``not-implemented``.
 
 Nothing else of the module is used, so a phase may be a module or a package whose
 ``__init__`` exports the two names. A module that fails to import (a SyntaxError, any
 exception, a bad SPEC, an unknown requirement) is refused at load with its file and line (exit 2).
+
+A string check is a `CheckRef`: at load its module must be found (its parent packages are
+imported, the module itself is not), else the plan is refused naming the string (exit 2); the
+module is imported and the function looked up when the gate runs, so a phase whose checks need
+torch loads without it (``orchestrate status`` never imports a check module). A function the
+module lacks is that gate's ``error``, naming the string.
 """
 
 from __future__ import annotations
@@ -180,6 +188,52 @@ def _import_error(module_name: str, exc: BaseException) -> PlanLoadError:
     return PlanLoadError(f"phase module {module_name} cannot be imported: {where}{type(exc).__name__}: {exc}")
 
 
+class CheckRef:
+    """A gate's check named by a ``"module:function"`` string, imported when the gate runs."""
+
+    def __init__(self, ref: str, package: Optional[str] = None):
+        module, sep, attr = ref.partition(":")
+        if not sep or not module or not attr or not all(part.isidentifier() for part in attr.split(".")):
+            raise ValueError(f"check {ref!r} is not \"module:function\" (e.g. \"pkg.checks:check_speed\")")
+        try:
+            self.module = importlib.util.resolve_name(module, package) if module.startswith(".") else module
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"check {ref!r}: {exc}") from None
+        self.ref, self.attr = ref, attr
+
+    def find(self) -> None:
+        """Raise ValueError unless the module exists (found without importing it)."""
+        try:
+            found = importlib.util.find_spec(self.module)
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"check {self.ref!r}: module {self.module} cannot be found: {exc}") from None
+        if found is None:
+            raise ValueError(f"check {self.ref!r}: there is no module {self.module}")
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function, imported now; a LookupError naming the string if it is not there."""
+        target: Any = importlib.import_module(self.module)
+        for part in self.attr.split("."):
+            try:
+                target = getattr(target, part)
+            except AttributeError:
+                raise LookupError(f"check {self.ref!r}: {self.module} has no {self.attr}") from None
+        if not callable(target):
+            raise LookupError(f"check {self.ref!r}: {self.module}.{self.attr} is not callable")
+        return target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CheckRef({self.ref!r})"
+
+
+def resolve_check(check: Any, package: Optional[str] = None) -> Callable[..., Any]:
+    """A CHECKS value as a function: a ``"module:function"`` string is imported and looked up now."""
+    return CheckRef(check, package).resolve() if isinstance(check, str) else check
+
+
 def load_phase(module_name: str) -> Phase:
     """Import a phase module and validate its SPEC and CHECKS (see the module docstring)."""
     try:
@@ -203,9 +257,17 @@ def load_phase(module_name: str) -> Phase:
     if unknown:
         raise PlanLoadError(f"phase module {module_name}: CHECKS has {unknown} but SPEC {spec.id} "
                             f"has no such gate (its gates: {sorted(names)})")
+    package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
     for name, fn in checks.items():
-        if not callable(fn):
-            raise PlanLoadError(f"phase module {module_name}: CHECKS[{name!r}] is not callable")
+        if isinstance(fn, str):
+            try:
+                checks[name] = ref = CheckRef(fn, package)
+                ref.find()
+            except ValueError as exc:
+                raise PlanLoadError(f"phase module {module_name}: CHECKS[{name!r}]: {exc}") from None
+        elif not callable(fn):
+            raise PlanLoadError(f"phase module {module_name}: CHECKS[{name!r}] is neither callable nor "
+                                "a \"module:function\" string")
     return Phase(spec=spec, checks=checks, module=module_name)
 
 

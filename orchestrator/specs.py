@@ -42,7 +42,7 @@ class PlanSpec(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     title: str = ""
     markdown: str  # the plan's prose + orchestrator-owned blocks
-    phases: list[str] = Field(min_length=1)  # import paths, e.g. "kdtree.phases.phase1_kernel"
+    phases: list[str] = Field(min_length=1)  # import paths, e.g. "kdtree.phases.phase1"
     results_dir: str = "plans/results"
     changelog: str = "CHANGELOG.md"
 

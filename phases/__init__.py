@@ -1,18 +1,19 @@
-"""The plan's phases, one module each, in the order they must pass:
+"""The plan's phases, one package each, in the order they must pass: phase1 (kernel), phase2
+(backend), phase3 (graph capture), phase4 (defrag); pyproject's ``[tool.orchestrate] phases``
+lists them.
 
-phase1_kernel, phase2_backend, phase3_graph, phase4_defrag.
-
-Each module exports ``SPEC`` (a `kdtree.gates.spec.PhaseSpec`: objective, deliverables, input
-globs and gates with their thresholds) and ``CHECKS`` (gate name -> ``check(spec, ctx) ->
-GateResult``). Phase modules import no orchestrator code and keep torch imports inside their
-check functions, so loading a SPEC is cheap. The plan that lists them is
-`kdtree.orchestrator.plan.DEFAULT_PLAN`.
+Each package exports ``SPEC`` (a `kdtree.gates.spec.PhaseSpec`: objective, deliverables, input
+globs and gates with their thresholds, in its ``spec`` module) and ``CHECKS`` (gate name ->
+``"module:function"`` of its check, ``check(spec, ctx) -> GateResult``, in its ``checks``
+module). The orchestrator imports a check module only when one of its gates runs, so the
+specs import no torch and loading the plan is cheap; the check modules import what they use at
+their top. `models` holds what several phases measure on (the speed preset, the shared model).
 """
 
-from typing import Callable  # noqa: E402
+from typing import Callable
 
-from kdtree.gates.base import GateContext, GateResult, not_implemented  # noqa: E402
-from kdtree.gates.spec import PhaseSpec  # noqa: E402
+from kdtree.gates.base import GateContext, GateResult, not_implemented
+from kdtree.gates.spec import PhaseSpec
 
 
 def not_yet_checks(spec: PhaseSpec, reason: str) -> dict[str, Callable[..., GateResult]]:

@@ -15,7 +15,7 @@ for v in ${*:-ws}; do
   python3 - "$shape" "$v" <<'PY'
 import functools, sys, time, torch
 from kdtree.kernels.cuda_op import launch
-from kdtree.tools.cases import call, make_case
+from kdtree.bench.cases import call, make_case
 H, T, B, L = (int(x) for x in sys.argv[1].split(","))
 tree_verify_mla = functools.partial(launch, variant=sys.argv[2])
 case = make_case(H, [(T, L)] * B, "random", 1, pool_slots=max(4 * B * (L + T), 1 << 20))

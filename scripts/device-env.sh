@@ -5,7 +5,7 @@
 # are installed into a private target.
 #   source scripts/device-env.sh
 _repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for _p in orchestrator phases gates kernels engine tools integrations; do [ -d "$_repo/$_p" ] && ln -sfn "../$_p" "$_repo/kdtree/$_p"; done
+for _p in orchestrator phases gates kernels engine tools bench integrations; do [ -d "$_repo/$_p" ] && ln -sfn "../$_p" "$_repo/kdtree/$_p"; done
 _wheels=$(ls "$_repo"/.whl/*.whl "$_repo"/.whl-sglang/*.whl 2>/dev/null)
 if [ -n "$_wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

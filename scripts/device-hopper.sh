@@ -53,7 +53,7 @@ if [ "$BUILD_RC" != 0 ]; then echo "build failed: see $OUT/build.log"; ls "$OUT"
 step smoke 60 python3 - <<'PY'
 import torch
 from kdtree.kernels.cuda_op import launch
-from kdtree.tools.cases import call, make_case, oracle
+from kdtree.bench.cases import call, make_case, oracle
 for H, reqs, splits in [(8, [(16, 1000)], 1), (16, [(33, 5000)], 3), (3, [(17, 77), (3, 1), (2, 0)], None)]:
     case = make_case(H, reqs, "random", seed=5)
     out = call(lambda *a, **k: launch(*a, **k, variant="wgmma", num_splits=splits), case)
@@ -95,7 +95,7 @@ if [ "$MODE" = peers ]; then
 fi
 
 # 3. timing: wgmma vs ws vs base32 on the phase-1 speed grid (L >= 32k), interleaved, GPU time
-CONFIGS=$(python3 -c "from kdtree.phases.phase1_work import SPEED_CONFIGS as c; print(';'.join(','.join(map(str, x)) for x in c))")
+CONFIGS=$(python3 -c "from kdtree.phases.phase1.checks import SPEED_CONFIGS as c; print(';'.join(','.join(map(str, x)) for x in c))")
 step timing 180 python3 -m kdtree.tools.devcheck --out "$OUT/timing" --time-only --impl none \
   --compare-variants wgmma,ws,base32 --configs "$CONFIGS"
 sed -n '/^config /,$p' "$OUT/timing.log"

@@ -8,7 +8,7 @@
 # tile from the device's shared memory per SM, so the unpacked copy (in /tmp, never this repo)
 # is told 102400 B (sm_120's) instead of the H200's 233472 B: 1 stage of 16 keys, not 2 of 64.
 # (Phase 1's speed gate needs none of this: it builds that FA2 as a second module in its own
-# process, kdtree.kernels.flashinfer_peer's smem_per_sm; scripts/device-phase1.sh.)
+# process, kdtree.bench.flashinfer_peer's smem_per_sm; scripts/device-phase1.sh.)
 set -u
 # PEER_DEFAULT=0 skips the pass with FlashInfer as the H200 builds it.
 source "$(dirname "$0")/device-env.sh"

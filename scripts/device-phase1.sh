@@ -5,7 +5,7 @@
 #                                             python 3.12; FlashInfer 0.7.2.post1 trimmed + tvm-ffi)
 # With .peers-carry, the speed gate times both dispatches (this GPU's and the sm_120 path) against
 # FlashInfer FA2 as built here, FA2 built as on sm_120 (102400 B per SM: a second JIT module in the
-# same process, kdtree.kernels.flashinfer_peer) and FA3, then measures the mma.sync ceiling; the
+# same process, kdtree.bench.flashinfer_peer) and FA3, then measures the mma.sync ceiling; the
 # first run on a fresh machine also JIT-builds the three FlashInfer modules (MAX_JOBS=16).
 # Without it, FlashInfer's targets read "not measured".
 set -u

@@ -13,9 +13,10 @@ timeout ${TEST_BUDGET:-300} python3 -m pytest -q -p no:cacheprovider tests/kerne
 timeout ${GATE_BUDGET:-200} python3 - <<'PY' 2>&1 | grep -v Warning | tail -30
 import json, os
 from kdtree.gates.base import GateContext, run_check
-from kdtree.phases import phase4_defrag, phase4_work
-spec = phase4_defrag.SPEC.gate("no_slowdown")
-r = run_check(spec, lambda s, c: phase4_work.check_no_slowdown(s, c, layers=8, repeats=30),
+from kdtree.phases import phase4
+from kdtree.phases.phase4 import checks as phase4_checks
+spec = phase4.SPEC.gate("no_slowdown")
+r = run_check(spec, lambda s, c: phase4_checks.check_no_slowdown(s, c, layers=8, repeats=30),
               GateContext(device="cuda"))
 figs = {f.name: f.value for f in r.figures}
 print(r.outcome, r.summary)

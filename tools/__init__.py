@@ -10,6 +10,6 @@ op's package `kdtree.kernels`:
     python -m kdtree.tools.sanitize_driver  the compute-sanitizer driver
     python -m kdtree.tools.variant_audit    every variant's logit drift against the oracle (near-tie or defect?)
 
-All inputs come from `kdtree.tools.cases` and all GPU timings from `kdtree.tools.timing` (the
+All inputs come from `kdtree.bench.cases` and all GPU timings from `kdtree.bench.timing` (the
 gates' queued timer). Tools import `kdtree.kernels` and `kdtree.gates`, never the reverse.
 """

@@ -7,8 +7,8 @@
 One run measures the copy bandwidth and the bf16 matmul rate, allocates one pool of random bf16
 latent rows (8 GB by default), then for every shape of the grid (`roofline.grid`) and layout
 (slots scattered over the pool, or one contiguous range) times each implementation on fresh
-random trees (`kdtree.tools.cases`), rotating over a few input sets, candidates interleaved.
-Every call is timed by the tools' queued timer (`kdtree.tools.timing`: L2 wiped, GPU busy-wait
+random trees (`kdtree.bench.cases`), rotating over a few input sets, candidates interleaved.
+Every call is timed by the tools' queued timer (`kdtree.bench.timing`: L2 wiped, GPU busy-wait
 lead, so the events measure GPU time with a cold L2, not host launch overhead); the host time
 each call took to return is kept per row as ``host_us``. Outputs are checked against each other
 (rel-L2 against naive, else cuda) before their times count. A call that would take over 2 s is
@@ -38,14 +38,14 @@ from typing import Optional
 import click
 import torch
 
+from kdtree.bench.cases import LAYOUTS, case_args, make_pool, pool_slots_for, uniform_case
+from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds, grid
+from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import UsageError, common_options
+from kdtree.gates.timing import FLUSH_MODES
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.bench_report import write_report
-from kdtree.tools.cases import LAYOUTS, case_args, make_pool, pool_slots_for, uniform_case
-from kdtree.tools.roofline import Shape, bytes_moved, flops, floor_seconds, grid
-from kdtree.gates.timing import FLUSH_MODES
-from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
 
 IMPLEMENTATIONS = {
     "cuda": "kdtree.kernels.cuda_op:launch",
@@ -107,7 +107,7 @@ class _CostModel:
 def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: float, rate: float,
                  seed: int, model: _CostModel, timer) -> list[dict]:
     """Rows for one shape and layout: every implementation checked, then timed interleaved by
-    ``timer`` (`kdtree.tools.timing.gpu_timer`); a row notes the calls whose host time exceeded
+    ``timer`` (`kdtree.bench.timing.gpu_timer`); a row notes the calls whose host time exceeded
     the timer's lead, since their GPU time may include host gaps."""
     cases = [uniform_case(shape.H, shape.T, shape.B, shape.L, layout, pool, seed + i) for i in range(INPUT_SETS)]
     floor = floor_seconds(shape, bw, rate)

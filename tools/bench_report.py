@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from kdtree.tools.roofline import Shape
+from kdtree.bench.roofline import Shape
 
 
 def _in_order(rows: list[dict], key: str) -> list:

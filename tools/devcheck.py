@@ -32,27 +32,13 @@ from typing import Optional
 import click
 import torch
 
+from kdtree.bench.accuracy_cases import ACCURACY_CASES
+from kdtree.bench.cases import call, make_case, make_pool, oracle, pool_slots_for
+from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds
+from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
-from kdtree.tools.cases import call, make_case, make_pool, oracle, pool_slots_for
-from kdtree.tools.roofline import Shape, bytes_moved, flops, floor_seconds
-from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
-
-CORRECTNESS = [
-    ("random H8 T16 L1000", 8, [(16, 1000)], "random"),
-    ("T=1 L=0 H16", 16, [(1, 0)], "random"),
-    ("chain H1 T5 L37", 1, [(5, 37)], "chain"),
-    ("mixed H128", 128, [(7, 300), (1, 5), (40, 0)], "star"),
-    ("T=1024 H8 L200", 8, [(1024, 200)], "random"),
-    ("H64 T64 B2 L4096", 64, [(64, 4096), (64, 4000)], "random"),
-    ("H16 T33 L16k splits", 16, [(33, 16384)], "random"),
-    ("H8 T4 L32k many splits", 8, [(4, 32768)], "random"),
-    ("odd H3", 3, [(17, 77), (3, 1), (2, 0)], "random"),
-    ("H128 T256 L2000", 128, [(256, 2000)], "random"),
-    ("star H16 T300 L50", 16, [(300, 50)], "star"),
-    ("B8 mixed H8", 8, [(t, l) for t, l in zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])], "random"),
-]
 
 TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8, 131072),
           (16, 512, 1, 32768), (8, 4, 1, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
@@ -67,9 +53,9 @@ def kernel(variant: Optional[str] = None, num_splits: Optional[int] = None):
 
 
 def check_correctness(fn, trials: int = 2) -> list[dict]:
-    """Every CORRECTNESS case, ``trials`` fresh seeds each, against the fp64 oracle."""
+    """Every accuracy case (`kdtree.bench.accuracy_cases`), ``trials`` fresh seeds each, against the fp64 oracle."""
     rows = []
-    for name, H, reqs, kind in CORRECTNESS:
+    for name, H, reqs, kind in ACCURACY_CASES:
         for _ in range(trials):
             seed = int.from_bytes(os.urandom(4), "little")
             case = make_case(H, reqs, kind, seed)

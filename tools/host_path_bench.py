@@ -15,10 +15,10 @@ import time
 import click
 import torch
 
+from kdtree.bench.cases import case_args, make_case
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli, cuda_op
 from kdtree.kernels.contract import LATENT_DIM, validate
-from kdtree.tools.cases import case_args, make_case
 
 
 class FakeExtension:

@@ -5,7 +5,7 @@ split-combine pass apart, for each shape and each forced split count.
                                         [--variant ws] [--reps 20]
 
 Each config gets one random case (scattered slots in a pool of its own); every call is queued
-behind an L2 wipe and a GPU busy-wait by the tools' timer (`kdtree.tools.timing`), as in the
+behind an L2 wipe and a GPU busy-wait by the tools' timer (`kdtree.bench.timing`), as in the
 benchmark, so kernel durations are neither helped by a warm L2 nor stretched by the host. Prints,
 per config and split count, the median microseconds of every CUDA kernel the call launched and
 their sum, next to the roofline floor (copy bandwidth and matmul rate measured in the same run).
@@ -23,13 +23,13 @@ from collections import defaultdict
 import click
 import torch
 
+from kdtree.bench.cases import call, make_case
+from kdtree.bench.roofline import Shape, floor_seconds
+from kdtree.bench.timing import gpu_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
-from kdtree.tools.cases import call, make_case
 from kdtree.tools.devcheck import parse_configs
-from kdtree.tools.roofline import Shape, floor_seconds
-from kdtree.tools.timing import gpu_timer, measure_ceilings
 
 
 def kernel_times(fn, reps: int, timer) -> dict[str, list[float]]:

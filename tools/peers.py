@@ -26,11 +26,12 @@ from types import SimpleNamespace
 import click
 import torch
 
+from kdtree.bench import flashinfer_peer
+from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
+from kdtree.bench.roofline import Shape, floor_seconds, grid
+from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import common_options
-from kdtree.kernels import cli, flashinfer_peer, tree_verify_mla
-from kdtree.tools.cases import case_args, make_pool, pool_slots_for, uniform_case
-from kdtree.tools.roofline import Shape, floor_seconds, grid
-from kdtree.tools.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.kernels import cli, tree_verify_mla
 
 ISSUE_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
                 Shape(128, 64, 1, 131072), Shape(8, 1024, 1, 32768), Shape(8, 4, 1, 131072)]

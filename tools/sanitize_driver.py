@@ -34,10 +34,10 @@ FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it woul
 @common_options
 def command() -> int:
     cli.require_cuda("kdtree.tools.sanitize_driver", "it launches every kernel variant")
+    from kdtree.bench.cases import make_case  # noqa: PLC0415
     from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
     from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
     from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
-    from kdtree.tools.cases import make_case  # noqa: PLC0415
 
     bad = 0
     for variant in runnable_variants(torch.cuda.get_device_capability()):

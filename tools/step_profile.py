@@ -1,6 +1,6 @@
 """Where one verify step of the engine spends its time: ``python -m kdtree.tools.step_profile``.
 
-Builds phase 2's verify setup (`kdtree.phases.phase2_work.VerifySetup`: a preset model, B
+Builds phase 2's verify setup (`kdtree.bench.verify_step.VerifySetup`: a preset model, B
 requests with an L-token prefix of random KV in the pool, one random tree each) and, per backend,
 reports the step's wall time with the device synchronised around it, its host time (the call
 returning, with no synchronisation inside), the GPU's busy time (the sum of the step's kernel
@@ -80,8 +80,8 @@ def command(**options) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise MachineError("step_profile: no CUDA device here; pass --device cpu for the CPU torch path")
+    from kdtree.bench.verify_step import VerifySetup  # noqa: PLC0415
     from kdtree.engine import build_model, preset  # noqa: PLC0415
-    from kdtree.phases.phase2_work import VerifySetup  # noqa: PLC0415
 
     backends = tuple(args.backends or (["kernel", "triton"] if args.device == "cuda" else ["torch"]))
     contexts = args.contexts or [4096]

@@ -9,7 +9,7 @@ the fp64 oracle, token for token. Where the oracle's top-1 / top-2 margin is sma
 kernel's rounding moves the logits, any correct kernel can flip a token; a defect that the
 accuracy cases miss shows instead as drift far outside the band the other variants stay in.
 This tool tells the two apart. For each seed it draws the gate's prompts
-(`phase2_work.token_exact_prompts`), takes the oracle's greedy continuation, and then, for the
+(`kdtree.bench.verify_step.token_exact_prompts`), takes the oracle's greedy continuation, and then, for the
 oracle and for the CUDA kernel with each variant forced on every call (prefill chunks included),
 prefills the prompts in one batch and runs one verify step over one tree per prompt that holds the
 oracle's path plus random branches (teacher forcing: every backend scores the same positions, in
@@ -236,8 +236,8 @@ def command(**options) -> int:
     elif args.variants:
         raise MachineError(f"kdtree.tools.variant_audit: the variants {args.variants} are CUDA kernels; "
                            f"--device {args.device} cannot run them (use --device cuda on the GPU machine)")
+    from kdtree.bench.verify_step import token_exact_prompts  # noqa: PLC0415
     from kdtree.engine import build_model, preset  # noqa: PLC0415
-    from kdtree.phases.phase2_work import token_exact_prompts  # noqa: PLC0415
 
     model = build_model(preset(args.preset), seed=0, device=args.device)
     backends: dict[str, AttentionBackend] = {v: ForcedVariantBackend(v) for v in args.variants.split(",") if v}

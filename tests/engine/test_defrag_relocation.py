@@ -8,13 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kdtree.bench.churn import ChurnConfig, ChurnRun, check_integrity, replay_on_sglang_model
+from kdtree.bench.sglang_allocator_model import SGLangTokenAllocatorModel, UnsortedFreeListAllocator
 from kdtree.engine.allocator import SortedRunAllocator
-from kdtree.engine.churn import ChurnConfig, ChurnRun, check_integrity, replay_on_sglang_model
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.prefix_cache import PrefixCacheModel
 from kdtree.engine.relocation import PinTable, Relocator
 from kdtree.engine.run_metadata import SlotSequences, expand_runs, runs_of
-from kdtree.engine.sglang_allocator_model import SGLangTokenAllocatorModel, UnsortedFreeListAllocator
 
 
 def _pool(slots=64, draft_layers=1):

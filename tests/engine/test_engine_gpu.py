@@ -49,8 +49,8 @@ def test_an_eager_verify_step_on_the_kernel_never_waits_for_the_gpu():
     torch's sync debug mode a whole verify step (metadata, every layer, the head) raises nothing."""
     import torch
 
+    from kdtree.bench.verify_step import VerifySetup
     from kdtree.engine import build_model, preset
-    from kdtree.phases.phase2_work import VerifySetup
 
     model = build_model(preset("tiny"), device="cuda")
     setup = VerifySetup(model, context=300, batch=2, budget=16, seed=3, backends=("kernel",))

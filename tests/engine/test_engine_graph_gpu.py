@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kdtree.bench.verify_step import EngineVerify, StepInputs
 from kdtree.engine import build_model, generate, preset
 from kdtree.engine.graph_capture import Bucket, VerifyGraphs
-from kdtree.phases.phase3_work import EngineVerify, StepInputs
 
 pytestmark = pytest.mark.gpu
 

@@ -16,9 +16,9 @@ import pytest
 
 _SCRIPT = r"""
 import json, torch
+from kdtree.bench.cases import call, make_case, oracle
 from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.launch_plan import runnable_variants
-from kdtree.tools.cases import call, make_case, oracle
 case = make_case(8, [(40, 300), (7, 45)], "random", seed=11)
 ref_out, ref_lse = oracle(case)
 rows = []

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kdtree.bench.cases import case_args, make_case
 from kdtree.kernels import cuda_op, launch_plan
 from kdtree.kernels.contract import validate
 from kdtree.kernels.device_facts import DeviceFacts
-from kdtree.tools.cases import case_args, make_case
 from kdtree.tools.host_path_bench import FakeExtension, fake_state, host_call
 
 REQUESTS = [(5, 30), (1, 0), (40, 7), (33, 64)]  # Nq = 79, B = 4, W = 2

@@ -17,10 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kdtree.bench.cases import case_args, make_case
 from kdtree.kernels import cuda_op
 from kdtree.kernels.contract import validate
 from kdtree.kernels.runs import KVRuns, expand, runs_from_indices, runs_from_run_lists, runs_from_slot_lists
-from kdtree.tools.cases import case_args, make_case
 from kdtree.tools.host_path_bench import fake_state
 
 REQUESTS = [(5, 30), (1, 0), (40, 7), (33, 64)]

@@ -144,7 +144,7 @@ def test_lock_is_exclusive_within_a_process(tmp_path):
     ("kernels/**/*.py", "kernelsx/a.py", False),
     ("kernels/csrc/**", "kernels/csrc/x/k.cu", True),
     ("kernels/csrc/**", "kernels/other.cu", False),
-    ("phases/phase1_kernel.py", "phases/phase1_kernel.py", True),
+    ("phases/phase1/spec.py", "phases/phase1/spec.py", True),
     ("phases/*.py", "phases/sub/a.py", False),
     ("src/?.txt", "src/a.txt", True),
 ])

@@ -10,23 +10,24 @@ import math
 
 from kdtree.gates.base import GateContext
 from kdtree.kernels.launch_plan import VARIANTS, plan_launch, runnable_variants
-from kdtree.phases import phase1_coverage as cov
-from kdtree.phases import phase1_kernel, phase1_work
+from kdtree.phases.phase1 import coverage as cov
+from kdtree.phases import phase1
+from kdtree.phases.phase1 import checks as phase1_checks
 
 
 def _cases():
-    return cov.coverage_cases(phase1_work.ACCURACY_CASES)
+    return cov.coverage_cases(phase1_checks.ACCURACY_CASES)
 
 
 def test_every_case_runs_through_every_variant_including_base32():
     forced = {(c.name.rsplit(" [", 1)[0], c.variant) for c in _cases() if c.variant and not c.min_slot}
-    for name, *_ in phase1_work.ACCURACY_CASES:
+    for name, *_ in phase1_checks.ACCURACY_CASES:
         assert {v for n, v in forced if n == name} == set(VARIANTS), name
     assert "base32" in VARIANTS
 
 
 def test_split_counts_around_what_a_188_sm_card_chooses():
-    name, H, reqs, _ = next(c for c in phase1_work.ACCURACY_CASES if c[0] == "H16 T33 L16k")
+    name, H, reqs, _ = next(c for c in phase1_checks.ACCURACY_CASES if c[0] == "H16 T33 L16k")
     choice = plan_launch(33, H, 1, math.ceil(33 / 32), 33 + 16384, 188, (12, 0)).num_splits
     h200 = plan_launch(33, H, 1, math.ceil(33 / 32), 33 + 16384, 132, (9, 0)).num_splits
     assert choice != h200  # the H200 alone would never run the 188-SM card's choice
@@ -55,16 +56,16 @@ def test_the_accuracy_gate_adds_them_for_the_owned_kernel_only(monkeypatch):
     import kdtree.gates.accuracy as accuracy
 
     monkeypatch.setattr(accuracy, "check_accuracy", record)
-    spec = phase1_kernel.SPEC.gate("accuracy")
-    assert phase1_work.check_accuracy(spec, GateContext(device="cpu")) == "recorded"
+    spec = phase1.SPEC.gate("accuracy")
+    assert phase1_checks.check_accuracy(spec, GateContext(device="cpu")) == "recorded"
     assert {c.name for c in _cases()} <= set(seen["names"])
-    phase1_work.check_accuracy(spec, GateContext(device="cpu"), candidate_fn=lambda *a, **k: None)
+    phase1_checks.check_accuracy(spec, GateContext(device="cpu"), candidate_fn=lambda *a, **k: None)
     assert not any("[" in n for n in seen["names"])  # another candidate: the plain cases only
 
 
 def test_cases_follow_the_variants_the_device_runs():
     for cap, has_wgmma in [((9, 0), True), ((12, 0), False), ((8, 0), False)]:
-        cases = cov.coverage_cases(phase1_work.ACCURACY_CASES, runnable_variants(cap))
+        cases = cov.coverage_cases(phase1_checks.ACCURACY_CASES, runnable_variants(cap))
         variants = {c.variant for c in cases if c.variant}
         assert variants == set(runnable_variants(cap)), cap
         assert ("wgmma" in variants) is has_wgmma

@@ -21,7 +21,9 @@ import torch
 
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.kernels.reference import tree_verify_mla_reference
-from kdtree.phases import phase1_kernel, phase1_work
+from kdtree.orchestrator.plan import resolve_check
+from kdtree.phases import phase1
+from kdtree.phases.phase1 import checks as phase1_checks
 
 CPU_CASES = [
     ("random H4 T9 L20", 4, [(9, 20)], "random"),
@@ -42,11 +44,11 @@ def _ctx():
 
 
 def _spec(**update):
-    return phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2, "requires": [], **update})
+    return phase1.SPEC.gate("accuracy").model_copy(update={"trials": 2, "requires": [], **update})
 
 
 def _accuracy(candidate, cases=CPU_CASES, structured=CPU_STRUCTURED, spec=None):
-    return run_check(spec or _spec(), lambda s, c: phase1_work.check_accuracy(s, c, candidate, cases, structured),
+    return run_check(spec or _spec(), lambda s, c: phase1_checks.check_accuracy(s, c, candidate, cases, structured),
                      _ctx())
 
 
@@ -191,17 +193,17 @@ def test_long_context_key_drops_slip_through_random_cases_but_fail_on_dominant_k
 
 
 def test_the_split_boundary_candidate_is_not_vacuous():
-    case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 1, "cpu")
+    case = phase1_checks._structured_inputs(8, [(16, 8200)], "random", 1, "cpu")
     splits, edges = split_edges(case["q"], case["qo_indptr"], case["kv_indptr"], case["tree_mask"],
                                 case["kv_indices"].numel())
     assert splits > 8 and len(edges[0]) == splits - 1
 
 
 def test_dominant_key_cases_make_their_marked_keys_dominate():
-    from kdtree.tools.cases import oracle
-    from kdtree.phases.phase1_cases import marked_positions
+    from kdtree.bench.cases import oracle
+    from kdtree.phases.phase1.cases import marked_positions
 
-    case = phase1_work._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
+    case = phase1_checks._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
     _, lse = oracle(case)
     L = case["kv_indices"].numel() - 16
     marks = marked_positions(L, 16, 32)
@@ -273,13 +275,13 @@ def _op_backend(name, op, verify_without_op=False):
 # in 10^4 runs); 4 noise draws: in fp32 the margins respond smoothly to the dither (12 are for bf16,
 # where a node's noise is bimodal: test_phase1_tokens.py)
 _TOKEN_SPEC = dict(requires=[], min_prompts=4, max_new_tokens=8,  # screen: 3 rounds at most
-                   screen=phase1_kernel.SPEC.gate("token_exact").screen.model_copy(update={"min_sensitive": 2, "noise_draws": 4, "tree_nodes": 256}))
+                   screen=phase1.SPEC.gate("token_exact").screen.model_copy(update={"min_sensitive": 2, "noise_draws": 4, "tree_nodes": 256}))
 
 
 def _token_exact(name, op, screen=True):
-    spec = phase1_kernel.SPEC.gate("token_exact").model_copy(update=_TOKEN_SPEC if screen else
+    spec = phase1.SPEC.gate("token_exact").model_copy(update=_TOKEN_SPEC if screen else
                                                                  {**_TOKEN_SPEC, "screen": None})
-    return run_check(spec, lambda s, c: phase1_work.check_token_exact(
+    return run_check(spec, lambda s, c: phase1_checks.check_token_exact(
         s, c, backend=name, device="cpu", drafters=(("ngram", 8),), op_under_test=op,
         reference_backend="torch", decoy_path=12), _ctx())
 
@@ -366,7 +368,7 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
 
 
 def test_a_length_mismatch_between_runs_is_an_error():
-    from kdtree.phases.phase1_tokens import same_length
+    from kdtree.phases.phase1.tokens import same_length
 
     with pytest.raises(ValueError, match="returned 3 token streams and the reference 4"):
         same_length("x", [[1]] * 3, [[1]] * 4)
@@ -379,26 +381,26 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exi
 @pytest.mark.slow
 @needs_nvcc
 def test_build_gate_passes_the_kernel_for_sm90_and_sm120():
-    spec = phase1_kernel.SPEC.gate("build")
-    result = run_check(spec, phase1_kernel.CHECKS["build"], _ctx())
+    spec = phase1.SPEC.gate("build")
+    result = run_check(spec, resolve_check(phase1.CHECKS["build"]), _ctx())
     assert result.outcome is Outcome.PASSED, result.summary
 
 
 @pytest.mark.slow
 @needs_nvcc
 def test_build_gate_bites_on_the_real_kernel():
-    base = phase1_kernel.SPEC.gate("build").model_copy(update={"archs": ["sm_90"]})
+    base = phase1.SPEC.gate("build").model_copy(update={"archs": ["sm_90"]})
     for tighter in ({"max_registers": 128}, {"forbidden_sass": ["HMMA"]}, {"max_shared_bytes": 64 * 1024}):
-        result = run_check(base.model_copy(update=tighter), phase1_kernel.CHECKS["build"], _ctx())
+        result = run_check(base.model_copy(update=tighter), resolve_check(phase1.CHECKS["build"]), _ctx())
         assert result.outcome is Outcome.FAILED, (tighter, result.summary)
 
 
 @pytest.mark.slow
 @needs_nvcc
 def test_build_sm90a_gate_passes_the_wgmma_variant():
-    spec = phase1_kernel.SPEC.gate("build_sm90a")
+    spec = phase1.SPEC.gate("build_sm90a")
     assert spec.archs == ["sm_90a"] and spec.required_sass == ["HGMMA"]
-    result = run_check(spec, phase1_kernel.CHECKS["build_sm90a"], _ctx())
+    result = run_check(spec, resolve_check(phase1.CHECKS["build_sm90a"]), _ctx())
     assert result.outcome is Outcome.PASSED, result.summary
     checked = [r for r in result.details["kernels"] if r.get("checked", True)]
     assert [r["function"] for r in checked] == ["_ZN6kdtree28tree_verify_mla_wgmma_kernelENS_16TreeVerifyParamsE"]
@@ -406,7 +408,7 @@ def test_build_sm90a_gate_passes_the_wgmma_variant():
     figures = {f.name: f.value for f in result.figures}
     assert figures["sm_90a required_sass_missing"] == 0 and figures["sm_90a kernels"] == 1
     # the sm_90 / sm_120 gate is the one it was: no wgmma there, sm_120's shared-memory limit
-    build = phase1_kernel.SPEC.gate("build")
+    build = phase1.SPEC.gate("build")
     assert build.archs == ["sm_90", "sm_120"] and "HGMMA" in build.forbidden_sass and build.max_shared_bytes == 101376
     assert not build.only_kernels and not build.required_sass
 
@@ -414,20 +416,21 @@ def test_build_sm90a_gate_passes_the_wgmma_variant():
 @pytest.mark.slow
 @needs_nvcc
 def test_build_sm90a_gate_bites():
-    base = phase1_kernel.SPEC.gate("build_sm90a")
+    base = phase1.SPEC.gate("build_sm90a")
     for tighter in ({"archs": ["sm_90"]},  # no wgmma kernel in an sm_90 build
                     {"required_sass": ["HGMMA", "UTCHMMA"]}, {"max_shared_bytes": 101376},
                     {"max_registers": 128}, {"only_kernels": ["no_such_kernel"]}):
-        result = run_check(base.model_copy(update=tighter), phase1_kernel.CHECKS["build_sm90a"], _ctx())
+        result = run_check(base.model_copy(update=tighter), resolve_check(phase1.CHECKS["build_sm90a"]), _ctx())
         assert result.outcome is Outcome.FAILED, (tighter, result.summary)
 
 
 _BROKEN_BUILD_SCRIPT = r"""
 import json, sys
 from kdtree.gates.base import GateContext, run_check
-from kdtree.phases import phase1_kernel
-spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2})
-r = run_check(spec, phase1_kernel.CHECKS["accuracy"], GateContext(device="cuda"))
+from kdtree.orchestrator.plan import resolve_check
+from kdtree.phases import phase1
+spec = phase1.SPEC.gate("accuracy").model_copy(update={"trials": 2})
+r = run_check(spec, resolve_check(phase1.CHECKS["accuracy"]), GateContext(device="cuda"))
 print(json.dumps({"outcome": r.outcome.value, "summary": r.summary,
                   "failures": r.details.get("failures", []), "cases": r.details.get("cases", [])}))
 """
@@ -481,8 +484,8 @@ def test_accuracy_gate_fails_a_wgmma_only_break_in_the_wgmma_cases_only():
 
 @pytest.mark.gpu
 def test_accuracy_gate_passes_the_real_cuda_kernel():
-    spec = phase1_kernel.SPEC.gate("accuracy").model_copy(update={"trials": 2})
-    result = run_check(spec, phase1_kernel.CHECKS["accuracy"], GateContext(device="cuda"))
+    spec = phase1.SPEC.gate("accuracy").model_copy(update={"trials": 2})
+    result = run_check(spec, resolve_check(phase1.CHECKS["accuracy"]), GateContext(device="cuda"))
     assert result.outcome is Outcome.PASSED, result.summary
 
 
@@ -498,8 +501,8 @@ def test_speed_gate_fails_a_pointer_keyed_cache_around_the_kernel():
             cache[key] = tree_verify_mla(q, kv, qo, kvp, idx, mask, scale)
         return cache[key]
 
-    spec = phase1_kernel.SPEC.gate("speedup_naive").model_copy(update={"repeats": 5, "warmup": 1})
-    result = run_check(spec, lambda s, c: phase1_work._speed(s, c, "naive", candidate_fn=cached),
+    spec = phase1.SPEC.gate("speedup_naive").model_copy(update={"repeats": 5, "warmup": 1})
+    result = run_check(spec, lambda s, c: phase1_checks._speed(s, c, "naive", candidate_fn=cached),
                        GateContext(device="cuda", quick=True))
     assert result.outcome is Outcome.FAILED, result.summary
     rows = result.details["configs"]
@@ -509,9 +512,9 @@ def test_speed_gate_fails_a_pointer_keyed_cache_around_the_kernel():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,H,reqs,kind", phase1_work.STRUCTURED_CASES, ids=[c[0] for c in phase1_work.STRUCTURED_CASES])
+@pytest.mark.parametrize("name,H,reqs,kind", phase1_checks.STRUCTURED_CASES, ids=[c[0] for c in phase1_checks.STRUCTURED_CASES])
 def test_every_structured_case_of_the_gate_can_target_all_its_marked_keys(name, H, reqs, kind):
     # _assign_targets raises when T x H rows cannot hold every marked key: the GPU gate would error
-    case = phase1_work._structured_inputs(H, reqs, kind, 20261203, "cpu")
+    case = phase1_checks._structured_inputs(H, reqs, kind, 20261203, "cpu")
     assert case["q"].dtype == torch.bfloat16 and bool(torch.isfinite(case["q"].float()).all())
     assert int(case["kv_indptr"][-1]) == case["kv_indices"].numel()

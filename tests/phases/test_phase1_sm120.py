@@ -13,13 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kdtree.bench import flashinfer_peer
+from kdtree.bench import timing as tools_timing
 from kdtree.gates.base import GateContext, GateResult, Outcome, run_check
-from kdtree.kernels import flashinfer_peer
 from kdtree.kernels.launch_plan import choose_variant, variant_name
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.orchestrator.targets import evaluate_target
-from kdtree.phases import phase1_kernel, phase1_sm120, phase1_work
-from kdtree.tools import timing as tools_timing
+from kdtree.phases import phase1
+from kdtree.phases.phase1 import checks as phase1_checks, sm120 as phase1_sm120
 
 CEILING_ROWS = [{"device": "fake", "sm": 90, "sms": 132},
                 {"warps_per_sm": 8, "ldsm_bytes_per_mma": 0, "mma": True, "tflops": 500.0},
@@ -73,26 +74,26 @@ class FakePeer:
 
 class _Pool:
     def __init__(self, gb):
-        from kdtree.tools.cases import make_pool
+        from kdtree.bench.cases import make_pool
 
         self.tensor = make_pool(4096, "cpu", 7)
 
 
 @pytest.fixture
 def cpu_gate(monkeypatch):
-    """phase1_work's speed gate with every GPU-only piece replaced by a CPU stand-in."""
+    """phase1_checks's speed gate with every GPU-only piece replaced by a CPU stand-in."""
     from kdtree.kernels import triton_baseline
 
     monkeypatch.setattr(tools_timing, "measure_ceilings", lambda: (4e12, 1e12))  # every config tensor-core bound
-    monkeypatch.setattr(phase1_work, "_Pool", _Pool)
-    monkeypatch.setattr(phase1_work, "_gpu_timer", lambda: declared_cost_timer)
-    monkeypatch.setattr(phase1_work, "SPEED_CONFIGS_QUICK", CONFIGS)
+    monkeypatch.setattr(phase1_checks, "_Pool", _Pool)
+    monkeypatch.setattr(phase1_checks, "_gpu_timer", lambda: declared_cost_timer)
+    monkeypatch.setattr(phase1_checks, "SPEED_CONFIGS_QUICK", CONFIGS)
     monkeypatch.setattr(triton_baseline, "tree_verify_mla_triton", _costed(_oracle, "triton"))
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: None)
     monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", FakePeer)
     monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.7.2.post1")
     FakePeer.built = []
-    spec = phase1_kernel.SPEC.gate("speedup").model_copy(
+    spec = phase1.SPEC.gate("speedup").model_copy(
         update={"requires": [], "warmup": 1, "repeats": 3, "trials": 2})
     calls = {"sm120": 0}
 
@@ -104,7 +105,7 @@ def cpu_gate(monkeypatch):
         return _costed(fn, "sm120")
 
     def run(sm120_fn=sm120_ok, smem=SMEM_OK, ceiling=lambda: CEILING_ROWS):
-        check = lambda s, c: phase1_work._speed(s, c, "triton", candidate_fn=_costed(_oracle, "default"),
+        check = lambda s, c: phase1_checks._speed(s, c, "triton", candidate_fn=_costed(_oracle, "default"),
                                                 sm120_fn=costed_sm120(sm120_fn),
                                                 mma_ceiling=ceiling, smem_of=lambda device: smem)
         return run_check(spec, check, GateContext(device="cpu", quick=True))
@@ -160,12 +161,12 @@ def test_the_gate_records_both_dispatches_and_evaluates_every_target(cpu_gate):
 
 
 def test_the_sm120_targets_are_the_issues():
-    targets = {t.figure: (t.op, t.value) for t in phase1_kernel.SPEC.gate("speedup").targets}
+    targets = {t.figure: (t.op, t.value) for t in phase1.SPEC.gate("speedup").targets}
     assert targets["sm120_path_fa2_sm120smem_median_speedup"] == (">=", 1.5)
     assert targets["sm120_path_median_speedup"] == (">=", 10.0)
     # the Hopper default keeps its FA3 targets (issue 17/30) and FA2 ones
     assert targets["fa3_min_speedup_tc"] == (">=", 1.0) and targets["fa3_median_speedup"] == (">=", 1.1)
-    assert (">=", 0.75) in [(t.op, t.value) for t in phase1_kernel.SPEC.gate("speedup").targets
+    assert (">=", 0.75) in [(t.op, t.value) for t in phase1.SPEC.gate("speedup").targets
                             if t.figure == "median_roofline"]
     assert targets["fa2_min_speedup"] == (">=", 1.0) and targets["fa2_median_speedup"] == (">=", 1.25)
 
@@ -231,12 +232,12 @@ def test_hold_smem_fails_a_variant_the_extension_does_not_record():
 def test_the_sm120_path_matches_the_default_dispatch_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+    from kdtree.bench.cases import case_args, make_case
     from kdtree.kernels import tree_verify_mla
-    from kdtree.tools.cases import case_args, make_case
 
     for H, reqs in [(16, [(64, 3000)]), (2, [(4, 500), (3, 9)])]:
         case = make_case(H, reqs, "random", 5, device="cuda")
         got, want = phase1_sm120.sm120_path(*case_args(case)), tree_verify_mla(*case_args(case))
         assert float((got.double() - want.double()).norm() / want.double().norm()) < 1e-2
-    smem = phase1_work._device_smem("cuda")
+    smem = phase1_checks._device_smem("cuda")
     assert smem["ws"] <= phase1_sm120.SM120_MAX_SHARED_BYTES and smem["base16"] <= phase1_sm120.SM120_MAX_SHARED_BYTES

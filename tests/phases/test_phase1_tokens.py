@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from kdtree.engine.metadata import verify_metadata
-from kdtree.phases import phase1_kernel
-from kdtree.phases.phase1_tokens import (
+from kdtree.phases import phase1
+from kdtree.phases.phase1.tokens import (
     DitheredAttention, ScaledAttention, margins_against, probe_model, random_tree, screened_step,
 )
 
-SCREEN = phase1_kernel.SPEC.gate("token_exact").screen
+SCREEN = phase1.SPEC.gate("token_exact").screen
 
 
 class _Echo:
@@ -118,10 +118,10 @@ def test_a_correct_bf16_candidate_keeps_every_screened_token():
 # -- on the GPU: the real kernel passes the whole gate, the same kernel with its scale 3 % off fails --
 def _gate_on_cuda(backend="cuda", op=None):
     from kdtree.gates.base import GateContext, run_check
-    from kdtree.phases import phase1_work
+    from kdtree.phases.phase1 import checks as phase1_checks
 
-    spec = phase1_kernel.SPEC.gate("token_exact")
-    return run_check(spec, lambda s, c: phase1_work.check_token_exact(s, c, backend=backend, op_under_test=op),
+    spec = phase1.SPEC.gate("token_exact")
+    return run_check(spec, lambda s, c: phase1_checks.check_token_exact(s, c, backend=backend, op_under_test=op),
                      GateContext(device="cuda"))
 
 

@@ -14,13 +14,14 @@ from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.spec import Threshold
 from kdtree.integrations.sglang.fixtures import sglang_layout_reference
 from kdtree.kernels.reference import tree_verify_mla_reference
-from kdtree.phases import phase2_backend, phase2_work
+from kdtree.phases import phase2
+from kdtree.phases.phase2 import checks as phase2_checks
 
 CTX = GateContext(device="cpu")
 
 
 def _spec(name, **update):
-    return phase2_backend.SPEC.gate(name).model_copy(update={"requires": [], **update})
+    return phase2.SPEC.gate(name).model_copy(update={"requires": [], **update})
 
 
 class LeakyMaskBackend(TorchBackend):
@@ -49,17 +50,17 @@ register_backend("test-zero-verify", ZeroVerifyBackend)
 
 
 def test_spec_names_gates_and_targets():
-    names = [g.name for g in phase2_backend.SPEC.gates]
+    names = [g.name for g in phase2.SPEC.gates]
     assert names == ["token_exact", "sglang_parity", "verify_speedup", "decode_speedup"]
-    assert set(phase2_backend.CHECKS) == set(names)
-    assert {t["gate"] for t in phase2_backend.TARGETS.values()} <= set(names)
-    assert phase2_backend.TARGETS["decode_speedup_32k"]["value"] == 3.0
+    assert set(phase2.CHECKS) == set(names)
+    assert {t["gate"] for t in phase2.TARGETS.values()} <= set(names)
+    assert phase2.TARGETS["decode_speedup_32k"]["value"] == 3.0
 
 
 # -- token_exact ---------------------------------------------------------------------------------
 def _token_exact(backend, long_prompts=1):
     spec = _spec("token_exact", min_prompts=4, max_new_tokens=5)
-    return run_check(spec, lambda s, c: phase2_work.check_token_exact(
+    return run_check(spec, lambda s, c: phase2_checks.check_token_exact(
         s, c, backend=backend, device="cpu", long_len=160, long_prompts=long_prompts,
         drafters=(("ddtree", 16), ("ngram", 8))), CTX)
 
@@ -86,12 +87,12 @@ def test_token_exact_fails_without_a_long_prompt():
 
 
 # -- sglang_parity -------------------------------------------------------------------------------
-CPU_PARITY = [c for c in phase2_work.PARITY_CASES if "L32k" not in c[0] and c[1] <= 16]
+CPU_PARITY = [c for c in phase2_checks.PARITY_CASES if "L32k" not in c[0] and c[1] <= 16]
 
 
 def _parity(op):
     spec = _spec("sglang_parity", trials=1)
-    return run_check(spec, lambda s, c: phase2_work.check_sglang_parity(
+    return run_check(spec, lambda s, c: phase2_checks.check_sglang_parity(
         s, c, reference=sglang_layout_reference, candidate_op=op, device="cpu", cases=CPU_PARITY), CTX)
 
 
@@ -125,14 +126,14 @@ def test_sglang_parity_fails_a_kernel_that_leaves_rows_unwritten():
 
 def test_sglang_parity_is_skipped_not_passed_without_sglang():
     result = run_check(_spec("sglang_parity", trials=1),
-                       lambda s, c: phase2_work.check_sglang_parity(s, c, device="cpu"), CTX)
+                       lambda s, c: phase2_checks.check_sglang_parity(s, c, device="cpu"), CTX)
     assert result.outcome is Outcome.SKIPPED and "cannot be imported" in result.reason
 
 
 # -- verify_speedup ------------------------------------------------------------------------------
 def _verify_speed(backends, sm120=None, **thresholds):
     spec = _spec("verify_speedup", warmup=1, repeats=3, **thresholds)
-    return run_check(spec, lambda s, c: phase2_work.check_verify_speedup(
+    return run_check(spec, lambda s, c: phase2_checks.check_verify_speedup(
         s, c, preset_name="tiny", contexts=(64, 200), batch=2, budget=8, device="cpu", backends=backends,
         with_converter=False, sm120=sm120), CTX)
 
@@ -169,8 +170,8 @@ def test_verify_speedup_fails_a_broken_sm120_path():
 def test_the_sm120_backend_runs_the_forced_path():
     from kdtree.engine.backends import get_backend
 
-    backend = get_backend(phase2_work.sm120_backend())
-    assert backend._where == ("kdtree.phases.phase1_sm120", "sm120_path")
+    backend = get_backend(phase2_checks.sm120_backend())
+    assert backend._where == ("kdtree.phases.phase1.sm120", "sm120_path")
 
 
 @pytest.mark.slow
@@ -192,7 +193,7 @@ def _decode(backends, bound=1e-3, sm120=None):
     spec = _spec("decode_speedup", thresholds=[
         Threshold(figure="decode_speedup_48", op=">=", value=bound, unit="x"),
         Threshold(figure="same_tokens", op="==", value=1.0)])
-    return run_check(spec, lambda s, c: phase2_work.check_decode_speedup(
+    return run_check(spec, lambda s, c: phase2_checks.check_decode_speedup(
         s, c, preset_name="tiny", runs=((48, 2),), new_tokens=4, device="cpu", backends=backends,
         drafter="ddtree", budget=8, sm120=sm120), CTX)
 

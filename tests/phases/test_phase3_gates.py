@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from kdtree.bench.verify_step import StepInputs
 from kdtree.gates.base import GateContext, Outcome
-from kdtree.phases import phase3_graph, phase3_work
+from kdtree.orchestrator.plan import resolve_check
+from kdtree.phases import phase3
+from kdtree.phases.phase3 import checks as phase3_checks
 
-SPEC = phase3_graph.SPEC
+SPEC = phase3.SPEC
 
 
 def fig(result, name):
@@ -18,8 +21,8 @@ def fig(result, name):
 
 
 def test_every_gate_has_a_real_check():
-    assert set(phase3_graph.CHECKS) == {g.name for g in SPEC.gates}
-    assert all(fn.__module__ == "kdtree.phases.phase3_work" for fn in phase3_graph.CHECKS.values())
+    assert set(phase3.CHECKS) == {g.name for g in SPEC.gates}
+    assert all(resolve_check(ref).__module__ == "kdtree.phases.phase3.checks" for ref in phase3.CHECKS.values())
 
 
 def test_thresholds_are_the_phases_and_the_issues_targets_are_set():
@@ -39,7 +42,7 @@ def test_the_buffer_target_is_held_on_the_verify_masks_bytes_and_the_whole_buffe
 
     (target,) = SPEC.gate("capture_clean").targets
     assert "mask_buffer_ratio_128k" in target.note and "reported" in target.note
-    rows = phase3_work.buffer_comparison()
+    rows = phase3_checks.buffer_comparison()
     packed = min(r["mask_only_ratio"] for r in rows)
     whole = min(r["ratio"] for r in rows)
     assert packed > 1000 and whole < 100  # ~2056x and ~4x: the target reads the first
@@ -52,7 +55,7 @@ def test_the_buffer_target_is_held_on_the_verify_masks_bytes_and_the_whole_buffe
 
 
 def test_buffer_comparison_is_sglangs_mask_over_our_buffers():
-    rows = {(r["batch"], r["tree"]): r for r in phase3_work.buffer_comparison()}
+    rows = {(r["batch"], r["tree"]): r for r in phase3_checks.buffer_comparison()}
     r = rows[(8, 64)]
     assert r["sglang_mask_bytes"] == 8 * 64 * (131072 + 64)
     assert r["ratio"] == pytest.approx(r["sglang_mask_bytes"] / r["graph_buffer_bytes"])
@@ -64,7 +67,7 @@ def test_phase_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import kdtree.phases.phase3_graph; "
+    code = ("import sys; import kdtree.phases.phase3; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -81,7 +84,7 @@ def small(name, **update):
 
 @pytest.mark.gpu
 def test_gpu_replay_equal_passes_on_the_real_path():
-    r = phase3_work.check_replay_equal(small("replay_equal"), GPU, launch_buckets=SMALL_LAUNCH, step_buckets=SMALL_STEP)
+    r = phase3_checks.check_replay_equal(small("replay_equal"), GPU, launch_buckets=SMALL_LAUNCH, step_buckets=SMALL_STEP)
     assert r.outcome is Outcome.PASSED, r.summary
     assert fig(r, "worst_rel_l2").value == 0 and fig(r, "bucket_plan_vs_oracle_rel_l2").value < 1e-2
     assert fig(r, "replays_compared").value == 6 * (len(SMALL_LAUNCH) + len(SMALL_STEP))
@@ -89,7 +92,7 @@ def test_gpu_replay_equal_passes_on_the_real_path():
 
 def frozen_ranges(plan):
     """Splits cut from the kv_indptr seen first (the capture-time lengths): a frozen grid."""
-    real = phase3_work.bucket_launch(plan)
+    real = phase3_checks.bucket_launch(plan)
     first = {}
 
     def fn(inputs, outputs):
@@ -102,7 +105,7 @@ def frozen_ranges(plan):
 
 @pytest.mark.gpu
 def test_gpu_replay_equal_fails_on_ranges_frozen_at_capture():
-    r = phase3_work.check_replay_equal(small("replay_equal"), GPU, launch_candidate=frozen_ranges,
+    r = phase3_checks.check_replay_equal(small("replay_equal"), GPU, launch_candidate=frozen_ranges,
                                        launch_buckets=SMALL_LAUNCH, step_buckets=(), with_oracle=False)
     assert r.outcome is Outcome.FAILED and not fig(r, "worst_rel_l2").ok
     assert fig(r, "allocations_in_capture").ok and fig(r, "capture_failures").ok  # only the replays are wrong
@@ -111,7 +114,7 @@ def test_gpu_replay_equal_fails_on_ranges_frozen_at_capture():
 
 def leaky(plan):
     """Replays equal their eager calls, but every row sees the whole tree: only the oracle sees it."""
-    real = phase3_work.bucket_launch(plan)
+    real = phase3_checks.bucket_launch(plan)
 
     def fn(inputs, outputs):
         inputs["tree_mask"].fill_(-1)
@@ -121,7 +124,7 @@ def leaky(plan):
 
 @pytest.mark.gpu
 def test_gpu_replay_equal_fails_when_replay_and_eager_are_wrong_together():
-    r = phase3_work.check_replay_equal(small("replay_equal"), GPU, launch_candidate=leaky,
+    r = phase3_checks.check_replay_equal(small("replay_equal"), GPU, launch_candidate=leaky,
                                        launch_buckets=SMALL_LAUNCH[1:2], step_buckets=())
     assert r.outcome is Outcome.FAILED
     assert fig(r, "worst_rel_l2").ok and not fig(r, "bucket_plan_vs_oracle_rel_l2").ok
@@ -134,14 +137,14 @@ def clean_kwargs():
 
 @pytest.mark.gpu
 def test_gpu_capture_clean_passes_on_the_real_path():
-    r = phase3_work.check_capture_clean(SPEC.gate("capture_clean"), GPU, **clean_kwargs())
+    r = phase3_checks.check_capture_clean(SPEC.gate("capture_clean"), GPU, **clean_kwargs())
     assert r.outcome is Outcome.PASSED, r.summary
     assert fig(r, "allocations_in_capture").value == 0 and fig(r, "allocations_in_replay").value == 0
     assert fig(r, "engine_graph_steps").value >= 3
 
 
 def syncing(plan):
-    real = phase3_work.bucket_launch(plan)
+    real = phase3_checks.bucket_launch(plan)
 
     def fn(inputs, outputs):
         if int(inputs["kv_indptr"][-1]) < 0:  # a device-to-host read before the launch
@@ -152,7 +155,7 @@ def syncing(plan):
 
 @pytest.mark.gpu
 def test_gpu_capture_clean_fails_on_a_launch_that_syncs():
-    r = phase3_work.check_capture_clean(SPEC.gate("capture_clean"), GPU, launch_candidate=syncing, **clean_kwargs())
+    r = phase3_checks.check_capture_clean(SPEC.gate("capture_clean"), GPU, launch_candidate=syncing, **clean_kwargs())
     assert r.outcome is Outcome.FAILED
     assert fig(r, "host_syncs_in_capture").value >= 1 and not fig(r, "host_syncs_in_capture").ok
     assert "host sync during capture" in r.summary
@@ -163,7 +166,7 @@ def allocating(plan):
 
     def fn(inputs, outputs):
         out = launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-                     inputs["tree_mask"], phase3_work.SM_SCALE, plan=plan)  # no out=: the launch allocates it
+                     inputs["tree_mask"], phase3_checks.SM_SCALE, plan=plan)  # no out=: the launch allocates it
         outputs["out"].copy_(out)
         outputs["lse"].zero_()
     return fn
@@ -171,7 +174,7 @@ def allocating(plan):
 
 @pytest.mark.gpu
 def test_gpu_capture_clean_fails_on_a_launch_that_allocates():
-    r = phase3_work.check_capture_clean(SPEC.gate("capture_clean"), GPU, launch_candidate=allocating, **clean_kwargs())
+    r = phase3_checks.check_capture_clean(SPEC.gate("capture_clean"), GPU, launch_candidate=allocating, **clean_kwargs())
     assert r.outcome is Outcome.FAILED
     assert fig(r, "allocations_in_capture").value > 0 and not fig(r, "allocations_in_capture").ok
     assert "allocations during capture" in r.summary
@@ -186,7 +189,7 @@ def test_gpu_capture_clean_fails_on_graph_steps_that_allocate():
             out = super().verify_logits(*args)
             return None if out is None else out.clone()
 
-    r = phase3_work.check_capture_clean(SPEC.gate("capture_clean"), GPU, graphs_factory=Cloning, **clean_kwargs())
+    r = phase3_checks.check_capture_clean(SPEC.gate("capture_clean"), GPU, graphs_factory=Cloning, **clean_kwargs())
     assert r.outcome is Outcome.FAILED
     assert fig(r, "allocations_in_replay").value > 0 and "allocations_in_replay" in r.summary
 
@@ -194,7 +197,7 @@ def test_gpu_capture_clean_fails_on_graph_steps_that_allocate():
 @pytest.mark.gpu
 def test_gpu_replay_speedup_measures_every_figure():
     # speed is not asserted here (tiny sizes); the gate's figures and agreement checks are
-    r = phase3_work.check_replay_speedup(SPEC.gate("replay_speedup").model_copy(update={"repeats": 3}), GPU,
+    r = phase3_checks.check_replay_speedup(SPEC.gate("replay_speedup").model_copy(update={"repeats": 3}), GPU,
                                          preset_name="tiny", batches=(1,), context=1024, tree=8,
                                          loss_buckets=((1, 16),), loss_contexts=(32768,), decode_new_tokens=6)
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary
@@ -211,7 +214,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
     from kdtree.kernels.reference import tree_verify_mla_reference
 
     bucket = Bucket(3, 16, 256)
-    draws = [phase3_work.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
+    draws = [phase3_checks.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
     assert len({tuple((k, tuple(v.shape), v.dtype) for k, v in d.items()) for d in draws}) == 1
     lives = {int((d["qo_indptr"][1:] > d["qo_indptr"][:-1]).sum()) for d in draws}
     lens = {int(d["kv_indptr"][1] - d["qo_indptr"][1]) for d in draws}
@@ -223,7 +226,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
         n, k = qo[live], kv[live]
         out = tree_verify_mla_reference(d["q"][:n].contiguous(), d["kv_cache"], d["qo_indptr"][: live + 1],
                                         d["kv_indptr"][: live + 1], d["kv_indices"][:k].contiguous(),
-                                        d["tree_mask"][:n].contiguous(), phase3_work.SM_SCALE)
+                                        d["tree_mask"][:n].contiguous(), phase3_checks.SM_SCALE)
         assert torch.isfinite(out.float()).all()
         assert len(set(d["kv_indices"][:k].tolist())) == k  # fresh, distinct slots
 
@@ -233,7 +236,7 @@ def test_step_draws_keep_their_shapes_and_use_disjoint_slots():
     from kdtree.engine import build_model, preset
     from kdtree.engine.graph_capture import STAGE_FIELDS, Bucket
 
-    setup = phase3_work.StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
+    setup = StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
     draws = [setup.draw(seed, "cpu") for seed in range(8)]
     assert len({(tuple(d["stage"].shape), tuple(d["kv_indices"].shape)) for d in draws}) == 1
     r = setup.bucket.rows

@@ -8,7 +8,9 @@ import pytest
 
 from kdtree.engine.relocation import Relocator
 from kdtree.gates.base import GateContext, Outcome, run_check
-from kdtree.phases import phase4_defrag, phase4_work
+from kdtree.orchestrator.plan import resolve_check
+from kdtree.phases import phase4
+from kdtree.phases.phase4 import checks as phase4_checks
 
 SMALL_SCALE = dict(num_slots=1 << 14, live_requests=12, steps=30, prompt_len=(64, 512), new_tokens=(16, 192))
 SMALL_ALLOC_COST = dict(num_slots=1 << 15, live_requests=8, steps=20, prompt_len=(2048, 2048), new_tokens=(16, 128))
@@ -17,9 +19,9 @@ SMALL_INTEGRITY = dict(num_slots=4096, live_requests=6, steps=20, prompt_len=(16
 
 @pytest.fixture(autouse=True)
 def small_sizes(monkeypatch):
-    monkeypatch.setitem(phase4_work.SCALE, "quick", SMALL_SCALE)
-    monkeypatch.setitem(phase4_work.INTEGRITY, "quick", SMALL_INTEGRITY)
-    monkeypatch.setitem(phase4_work.ALLOC_COST, "quick", SMALL_ALLOC_COST)
+    monkeypatch.setitem(phase4_checks.SCALE, "quick", SMALL_SCALE)
+    monkeypatch.setitem(phase4_checks.INTEGRITY, "quick", SMALL_INTEGRITY)
+    monkeypatch.setitem(phase4_checks.ALLOC_COST, "quick", SMALL_ALLOC_COST)
 
 
 def _ctx():
@@ -27,8 +29,8 @@ def _ctx():
 
 
 def _run(name, **kw):
-    spec = phase4_defrag.SPEC.gate(name)
-    return run_check(spec, lambda s, c: phase4_defrag.CHECKS[name](s, c, **kw), _ctx())
+    spec = phase4.SPEC.gate(name)
+    return run_check(spec, lambda s, c: resolve_check(phase4.CHECKS[name])(s, c, **kw), _ctx())
 
 
 def _figure(result, name):
@@ -69,10 +71,10 @@ class DoesNothing(Relocator):
 
 
 def test_spec_lists_the_issue_gates_and_every_gate_has_a_check():
-    names = [g.name for g in phase4_defrag.SPEC.gates]
+    names = [g.name for g in phase4.SPEC.gates]
     assert names == ["integrity", "token_exact", "copy_budget", "contiguity", "no_slowdown", "benefit"]
-    assert set(phase4_defrag.CHECKS) == set(names)
-    for gate, targets in phase4_defrag.TARGETS.items():
+    assert set(phase4.CHECKS) == set(names)
+    for gate, targets in phase4.TARGETS.items():
         assert gate in names and targets
 
 
@@ -173,7 +175,7 @@ def test_benefit_records_the_cpu_fallback_and_every_figure():
 
 
 def test_pairwise_runs_break_where_either_side_breaks():
-    from kdtree.engine.defrag_measure import pairwise_runs
+    from kdtree.bench.defrag_measure import pairwise_runs
 
     assert pairwise_runs([5, 6, 7, 9, 10], [0, 1, 2, 3, 4]) == [(5, 0, 3), (9, 3, 2)]
     assert pairwise_runs([5, 6, 7], [0, 2, 3]) == [(5, 0, 1), (6, 2, 2)]  # the destination breaks
@@ -199,8 +201,8 @@ def test_benefit_on_the_gpu_measures_interference():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     lc = dict(num_slots=1 << 17, live_requests=8, prompt_len=(4096, 4096), new_tokens=(64, 256), steps=30)
-    r = run_check(phase4_defrag.SPEC.gate("benefit"),
-                  lambda s, c: phase4_work.check_benefit(s, c, long_context=lc, repeats=3),
+    r = run_check(phase4.SPEC.gate("benefit"),
+                  lambda s, c: phase4_checks.check_benefit(s, c, long_context=lc, repeats=3),
                   GateContext(device="cuda"))
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
     assert _figure(r, "interference_measured") == 1
@@ -210,7 +212,7 @@ def test_benefit_on_the_gpu_measures_interference():
 
 
 def test_no_slowdown_skips_on_cpu_with_the_reason():
-    r = run_check(phase4_defrag.SPEC.gate("no_slowdown"), phase4_defrag.CHECKS["no_slowdown"],
+    r = run_check(phase4.SPEC.gate("no_slowdown"), resolve_check(phase4.CHECKS["no_slowdown"]),
                   GateContext(device="cpu", requested_device="cpu"))
     assert r.outcome is Outcome.SKIPPED and "--device cpu" in r.reason
 
@@ -221,8 +223,8 @@ def test_no_slowdown_logic_on_cpu_with_the_torch_kernel():
     # requests longer than 6 steps can emit (16 tokens each at most), so some are live at the end
     lc = dict(num_slots=1 << 12, live_requests=2, prompt_len=(128, 128), new_tokens=(100, 200), steps=6,
               step_num_slots=1 << 12)
-    spec = phase4_defrag.SPEC.gate("no_slowdown").model_copy(update={"requires": []})
-    r = run_check(spec, lambda s, c: phase4_work.check_no_slowdown(
+    spec = phase4.SPEC.gate("no_slowdown").model_copy(update={"requires": []})
+    r = run_check(spec, lambda s, c: phase4_checks.check_no_slowdown(
         s, c, kernel_fn=tree_verify_mla_naive, layers=2, long_context=lc, repeats=3), _ctx())
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
     assert _figure(r, "kernel_outputs_max_abs_diff") == 0  # same KV, same order: identical output
@@ -238,8 +240,8 @@ def test_no_slowdown_on_the_gpu():
         pytest.skip("needs a CUDA GPU")
     lc = dict(num_slots=1 << 18, live_requests=8, prompt_len=(8192, 8192), new_tokens=(64, 512), steps=30,
               step_num_slots=1 << 17)
-    spec = phase4_defrag.SPEC.gate("no_slowdown")
-    r = run_check(spec, lambda s, c: phase4_work.check_no_slowdown(s, c, layers=8, long_context=lc, repeats=10),
+    spec = phase4.SPEC.gate("no_slowdown")
+    r = run_check(spec, lambda s, c: phase4_checks.check_no_slowdown(s, c, layers=8, long_context=lc, repeats=10),
                   GateContext(device="cuda"))
     assert r.outcome in (Outcome.PASSED, Outcome.FAILED), r.summary + (r.traceback or "")
     assert _figure(r, "kernel_outputs_max_abs_diff") <= 1e-2  # same KV in token order: same output

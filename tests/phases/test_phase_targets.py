@@ -4,38 +4,38 @@ import pytest
 
 from kdtree.gates.base import GateContext, GateResult, Outcome
 from kdtree.gates.spec import Target
-from kdtree.phases import phase1_kernel, phase2_backend, phase4_defrag, with_targets
+from kdtree.phases import phase1, phase2, phase4, with_targets
 
 
 def test_every_phase_target_names_a_gate_and_a_figure():
-    for module in (phase2_backend, phase4_defrag):
+    for module in (phase2, phase4):
         gates = {g.name: g for g in module.SPEC.gates}
         named = {t.figure for g in gates.values() for t in g.targets}
         assert named, f"{module.SPEC.id} has no targets"
-    fa2 = {t.figure for t in phase1_kernel.SPEC.gate("speedup").targets}
+    fa2 = {t.figure for t in phase1.SPEC.gate("speedup").targets}
     assert {"fa2_min_speedup", "fa2_median_speedup"} <= fa2
 
 
 def test_with_targets_refuses_a_gate_the_spec_lacks():
     with pytest.raises(ValueError, match="lacks"):
-        with_targets(phase4_defrag.SPEC, {"no_such_gate": [Target(figure="x", op=">=", value=1)]})
+        with_targets(phase4.SPEC, {"no_such_gate": [Target(figure="x", op=">=", value=1)]})
 
 
 def test_with_targets_keeps_thresholds_and_adds_targets():
-    spec = with_targets(phase4_defrag.SPEC, {"copy_budget": [Target(figure="y", op="<=", value=2)]})
-    before, after = phase4_defrag.SPEC.gate("copy_budget"), spec.gate("copy_budget")
+    spec = with_targets(phase4.SPEC, {"copy_budget": [Target(figure="y", op="<=", value=2)]})
+    before, after = phase4.SPEC.gate("copy_budget"), spec.gate("copy_budget")
     assert after.thresholds == before.thresholds
     assert [t.figure for t in after.targets] == [t.figure for t in before.targets] + ["y"]
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeypatch, backend):
-    from kdtree.kernels import flashinfer_peer
-    from kdtree.phases.phase1_peers import add_peer_figures
+    from kdtree.bench import flashinfer_peer
+    from kdtree.phases.phase1.peers import add_peer_figures
 
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: "no flashinfer")
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.FAILED)
-    add_peer_figures(result, phase1_kernel.SPEC.gate("speedup"), [], GateContext(device="cpu"),
+    add_peer_figures(result, phase1.SPEC.gate("speedup"), [], GateContext(device="cpu"),
                      op=None, timer=None, floor_s=None, backend=backend)
     assert result.details[backend].startswith("not measured") and "no flashinfer" in result.details[backend]
     assert not [f for f in result.figures if f.name.startswith(backend)]  # nothing invented
@@ -44,10 +44,10 @@ def test_peer_comparison_says_why_it_measured_nothing_without_flashinfer(monkeyp
 def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(monkeypatch):
     from types import SimpleNamespace
 
+    from kdtree.bench import flashinfer_peer
     from kdtree.gates import speedup as speedup_mod
     from kdtree.gates.base import Figure
-    from kdtree.kernels import flashinfer_peer
-    from kdtree.phases.phase1_peers import add_peer_figures
+    from kdtree.phases.phase1.peers import add_peer_figures
 
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: None)
     monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", lambda backend, smem_per_sm=None: SimpleNamespace(bind=None))
@@ -58,7 +58,7 @@ def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(
     monkeypatch.setattr(speedup_mod, "check_speedup", lambda *a, **k: peer)
     configs = [SimpleNamespace(name=n, params={}, refresh=None, make_inputs=None) for n in ("small", "big", "bigger")]
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
-    add_peer_figures(result, phase1_kernel.SPEC.gate("speedup"), configs, GateContext(device="cpu"), op=None,
+    add_peer_figures(result, phase1.SPEC.gate("speedup"), configs, GateContext(device="cpu"), op=None,
                      timer=None, floor_s=None, backend="fa3", tensor_bound=lambda c: c.name != "small")
     figs = {f.name: f.value for f in result.figures}
     assert figs == {"fa3_median_speedup": 0.9, "fa3_min_speedup": 0.6, "fa3_min_speedup_tc": 0.9}

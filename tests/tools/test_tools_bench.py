@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 
+from kdtree.bench import roofline, timing
+from kdtree.bench.cases import LAYOUTS, case_args, uniform_case
 from kdtree.kernels.masks import unpack_bool_rows
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.kernels.reference import tree_verify_mla_reference
-from kdtree.tools import bench, bench_report, roofline, timing
-from kdtree.tools.cases import LAYOUTS, case_args, uniform_case
+from kdtree.tools import bench, bench_report
+from kdtree.tools import roofline as roofline_cli
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def test_roofline_counts_and_cli(capsys):
     s = roofline.Shape(8, 4, 1, 4096)
     assert roofline.flops(s) == 2 * 8 * 4 * 4100 * 1088
     assert roofline.bytes_moved(s) >= 4100 * 1152 + 4 * 8 * 2176
-    roofline.main(["--bw", "4.3e12", "--flops", "7.88e14", "--quick"])
+    roofline_cli.main(["--bw", "4.3e12", "--flops", "7.88e14", "--quick"])
     table = capsys.readouterr().out
     assert table.count("\n| ") == 1 + len(roofline.grid(True))
     assert "bandwidth" in table and "tensor core" in table

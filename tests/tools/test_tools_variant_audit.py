@@ -75,8 +75,8 @@ def test_on_the_gpu_every_runnable_variant_stays_in_the_oracles_band():
     drift band, no flips at margins above the phase-2 tie margin, bitwise-equal reruns."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
+    from kdtree.bench.verify_step import token_exact_prompts
     from kdtree.kernels.launch_plan import runnable_variants
-    from kdtree.phases.phase2_work import token_exact_prompts
     from kdtree.tools.variant_audit import ForcedVariantBackend
 
     variants = [v for v in ("ws", "wgmma") if v in runnable_variants(torch.cuda.get_device_capability())]

@@ -7,17 +7,18 @@ DeepSeek-V3-shaped model (16 heads = one TP-8 shard, kv_lora_rank 512, rope 64) 
 kernel backend than on the Triton backend at 4k, 32k and 128k; and end-to-end speculative decoding
 is faster at 32k and 128k. Thresholds (here, in the spec) say the phase is done; `TARGETS` are the
 issue's goals, recorded and shown, never blocking. Both speed gates also run the sm_120 path
-(`phase1_sm120`: the variant compute capability 12.0 dispatches, forced) in the same rounds and
+(`sm120`: the variant compute capability 12.0 dispatches, forced) in the same rounds and
 report its speedups as ``sm120_path_*``; the thresholds and targets hold the default dispatch.
 
-The checks live in `phase2_work`.
+The checks live in `checks`.
 """
 
 from __future__ import annotations
 
 from kdtree.gates.spec import (
-    AccuracyGateSpec, MetricGateSpec, PhaseSpec, SpeedupGateSpec, Threshold, TokenExactGateSpec,
+    AccuracyGateSpec, MetricGateSpec, PhaseSpec, SpeedupGateSpec, Target, Threshold, TokenExactGateSpec,
 )
+from kdtree.phases import with_targets
 
 SPEC = PhaseSpec(
     id="phase2",
@@ -34,10 +35,9 @@ SPEC = PhaseSpec(
         "the dsv3-tp8 model preset: DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard",
     ],
     versions=["torch", "triton", "nvcc", "sglang"],  # recorded with every run, besides python and the orchestrator
-    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
-            "phases/phase2_backend.py", "phases/phase2_work.py", "phases/phase1_tokens.py", "phases/phase1_trees.py",
-            "phases/phase1_sm120.py",
-            "gates/**/*.py"],
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
+            "phases/__init__.py", "phases/models.py", "phases/phase2/**/*.py", "phases/phase1/tokens.py",
+            "phases/phase1/trees.py", "phases/phase1/sm120.py", "gates/**/*.py"],
     gates=[
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32, min_exact_fraction=1.0,
@@ -91,20 +91,16 @@ TARGETS = {
     "exact_fraction": {"gate": "token_exact", "op": ">=", "value": 1.0},
 }
 
-from kdtree.gates.spec import Target  # noqa: E402
-from kdtree.phases import with_targets  # noqa: E402
-
 _by_gate: dict[str, list] = {}
 for _figure, _t in TARGETS.items():
     _by_gate.setdefault(_t["gate"], []).append(
         Target(figure=_figure, op=_t["op"], value=_t["value"], unit=_t.get("unit", ""), note=_t.get("note", "")))
 SPEC = with_targets(SPEC, _by_gate)
 
-from kdtree.phases import phase2_work as _work  # noqa: E402
-
+# gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "token_exact": _work.check_token_exact,
-    "sglang_parity": _work.check_sglang_parity,
-    "verify_speedup": _work.check_verify_speedup,
-    "decode_speedup": _work.check_decode_speedup,
+    "token_exact": "kdtree.phases.phase2.checks:check_token_exact",
+    "sglang_parity": "kdtree.phases.phase2.checks:check_sglang_parity",
+    "verify_speedup": "kdtree.phases.phase2.checks:check_verify_speedup",
+    "decode_speedup": "kdtree.phases.phase2.checks:check_decode_speedup",
 }

@@ -12,9 +12,9 @@ shown met / not met with the margin (docs/design.md, "Gates").
 
 The speed gate times two dispatches in the same rounds: the one this GPU makes (on Hopper the
 wgmma variant, held to FlashInfer's FA3) and the one compute capability 12.0 makes, forced under
-sm_120's shared-memory limit (`phase1_sm120`), held to FlashInfer's FA2 as sm_120 builds it.
+sm_120's shared-memory limit (`sm120`), held to FlashInfer's FA2 as sm_120 builds it.
 
-The checks live in `phase1_work`: each feeds a generic mechanism of `kdtree.gates` with this
+The checks live in `checks`: each feeds a generic mechanism of `kdtree.gates` with this
 project's kernel, baselines, oracle and engine.
 """
 
@@ -28,7 +28,7 @@ from kdtree.gates.spec import (
 FA2 = "vs FlashInfer 0.7.2 FA2 MLA (mma.sync), causal chain, same shapes"
 FA3 = "vs FlashInfer 0.7.2 FA3 MLA (wgmma, sm_90a), causal chain, same shapes"
 SM120 = ("the sm_120 path (the variant compute capability 12.0 dispatches, forced on this GPU under sm_120's "
-         "101376-byte shared-memory limit; phase1_sm120)")
+         "101376-byte shared-memory limit; kdtree.phases.phase1.sm120)")
 FA2_SM120_SMEM = ("vs FlashInfer 0.7.2 FA2 MLA built as on sm_120 (told 102400 B of shared memory per SM: "
                   "1 stage of 16 keys), causal chain, same shapes")
 
@@ -47,9 +47,8 @@ SPEC = PhaseSpec(
         "with roofline fractions and plots",
     ],
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["kernels/**/*.py", "kernels/csrc/**", "phases/phase1_kernel.py", "phases/phase1_work.py",
-            "phases/phase1_coverage.py", "phases/phase1_tokens.py", "phases/phase1_trees.py", "phases/phase1_cases.py",
-            "phases/phase1_peers.py", "phases/phase1_sm120.py", "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
+    inputs=["bench/**/*.py", "kernels/**/*.py", "kernels/csrc/**", "phases/__init__.py", "phases/phase1/**/*.py",
+            "tools/**/*.py", "tools/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
     gates=[
         BuildGateSpec(
             name="build", requires=["nvcc"], archs=["sm_90", "sm_120"],
@@ -145,15 +144,14 @@ SPEC = PhaseSpec(
     ],
 )
 
-from kdtree.phases import phase1_work as _work  # noqa: E402
-
+# gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "build": _work.check_build,
-    "build_sm90a": _work.check_build,
-    "accuracy": _work.check_accuracy,
-    "token_exact": _work.check_token_exact,
-    "speedup": _work.check_speedup,
-    "speedup_naive": _work.check_speedup_naive,
-    "scatter": _work.check_scatter,
-    "sanitizer": _work.check_sanitizer,
+    "build": "kdtree.phases.phase1.checks:check_build",
+    "build_sm90a": "kdtree.phases.phase1.checks:check_build",
+    "accuracy": "kdtree.phases.phase1.checks:check_accuracy",
+    "token_exact": "kdtree.phases.phase1.checks:check_token_exact",
+    "speedup": "kdtree.phases.phase1.checks:check_speedup",
+    "speedup_naive": "kdtree.phases.phase1.checks:check_speedup_naive",
+    "scatter": "kdtree.phases.phase1.checks:check_scatter",
+    "sanitizer": "kdtree.phases.phase1.checks:check_sanitizer",
 }

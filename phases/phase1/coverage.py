@@ -1,6 +1,6 @@
 """Phase 1's coverage cases: the accuracy cases run through every kernel variant, through forced
 KV split counts around those other GPUs would choose, and on a pool whose slots sit past 2^31
-elements. The accuracy gate adds them when it checks the owned kernel (`phase1_work.check_accuracy`).
+elements. The accuracy gate adds them when it checks the owned kernel (`checks.check_accuracy`).
 
 Why: the launch plan picks one variant and one split count per shape and device, so a run on the
 H200 alone never exercises ``base32`` (the pre-sm_90 path) and never the split counts a card
@@ -20,6 +20,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import torch
+
+from kdtree.bench.cases import make_case, make_pool
+from kdtree.gates.accuracy import AccuracyCase
+from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.launch_plan import MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, plan_launch, runnable_variants
 
 # (SM count, compute capability) of the cards whose split choices are covered.
@@ -48,9 +53,6 @@ class CoverageCase:
     params: dict = field(default_factory=dict)
 
     def make_inputs(self, seed: int, device: str) -> dict[str, Any]:
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-        from kdtree.tools.cases import make_case, make_pool  # noqa: PLC0415
-
         pool = make_pool(self.pool_slots, device, seed) if self.pool_slots else None
         inputs = make_case(self.H, self.requests, self.kind, seed, pool=pool, device=device, min_slot=self.min_slot)
         inputs["launch"] = functools.partial(launch, variant=self.variant, num_splits=self.num_splits)
@@ -78,7 +80,6 @@ def split_counts(H: int, requests: list) -> list[int]:
 def device_variants(device: str = "cuda") -> list[str]:
     """The variants the current CUDA device runs (`launch_plan.runnable_variants`: wgmma on a 9.0
     device only); every variant when there is no CUDA device (the cases are then only listed)."""
-    import torch  # noqa: PLC0415
 
     if str(device).startswith("cuda") and torch.cuda.is_available():
         return runnable_variants(torch.cuda.get_device_capability())
@@ -111,11 +112,8 @@ def coverage_cases(base_cases: list, variants: Optional[Sequence[str]] = None) -
 
 def accuracy_cases(base_cases: list, variants: Optional[Sequence[str]] = None) -> list:
     """`coverage_cases` as the accuracy gate's `AccuracyCase` objects (outputs: out, lse)."""
-    from kdtree.gates.accuracy import AccuracyCase  # noqa: PLC0415
 
     def outputs(inp):
-        import torch  # noqa: PLC0415
-
         nq, heads = inp["q"].shape[:2]
         return {"out": torch.empty(nq, heads, 512, dtype=torch.bfloat16, device=inp["q"].device),
                 "lse": torch.empty(nq, heads, dtype=torch.float32, device=inp["q"].device)}

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from kdtree.engine.churn import ChurnConfig, ChurnRun
+from kdtree.bench.churn import ChurnConfig, ChurnRun
 from kdtree.engine.run_metadata import expand_runs, runs_of
 
 

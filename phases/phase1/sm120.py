@@ -20,7 +20,11 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Optional
 
+from kdtree.bench.roofline import Shape, bytes_moved, flops
 from kdtree.gates.base import Figure, GateResult, Outcome
+from kdtree.kernels.cuda_op import launch
+from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records
+from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_name
 
 SM120_CAPABILITY = (12, 0)
 SM120_MAX_SHARED_BYTES = 101376  # sm_120's per-block shared memory (opt-in maximum)
@@ -29,14 +33,12 @@ PREFIX = "sm120_path"  # the figure prefix of this dispatch
 
 def sm120_variant(num_rows: int, num_heads: int, batch: int) -> str:
     """The variant name compute capability 12.0 dispatches for these shapes (`launch_plan`)."""
-    from kdtree.kernels.launch_plan import choose_variant, variant_name  # noqa: PLC0415
 
     return variant_name(choose_variant(num_rows * num_heads / max(batch, 1), SM120_CAPABILITY))
 
 
 def sm120_path(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
     """The op contract, launched with the variant an sm_120 device would pick (`sm120_variant`)."""
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
 
     variant = sm120_variant(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1)
     return launch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse,
@@ -51,8 +53,6 @@ def variants_by_config(configs: list) -> dict[str, str]:
 def extension_smem_bytes(capability: tuple[int, int]) -> dict[str, int]:
     """Variant name -> the dynamic shared memory it is launched with, as the extension this device
     loads records it (`kdtree.kernels.jit.smem_records`)."""
-    from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import VARIANT_NAMES  # noqa: PLC0415
 
     path = build_extension([arch_for_capability(tuple(capability))])
     return {VARIANT_NAMES[r.variant]: r.dynamic_smem_bytes for r in smem_records(path.read_bytes())
@@ -92,7 +92,6 @@ def add_mma_ceiling_figures(result: GateResult, configs: list, bytes_per_s: floa
     """Measure the mma.sync ceiling now and add ``sm120_path_median_mma_ceiling`` /
     ``sm120_path_min_mma_ceiling`` (reported): per config the mma.sync floor over the sm_120
     path's median time. Where it cannot be measured the details say why (figures None)."""
-    from kdtree.tools.roofline import Shape, bytes_moved, flops  # noqa: PLC0415
 
     if measure is None:
         from kdtree.tools.mma_ceiling import measure  # noqa: PLC0415

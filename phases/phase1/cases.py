@@ -4,7 +4,6 @@ On i.i.d. random inputs a row's softmax spreads over all its keys, so an error c
 keys (the last prefix key dropped past 8192 keys, one key lost at each KV-split boundary) moves
 the output far less than bf16 rounding does, whatever the tolerance. Here chosen keys *dominate*
 the rows that target them:
-
 - per request, the marked key positions are the first key, the last prefix key (the tail), the
   first and the last tree slot, and both sides of every multiple of the kernel's key tile
   (`kdtree.kernels.launch_plan.BLOCK_N`, 32): the kernel cuts KV splits only there, so these are
@@ -31,6 +30,12 @@ from __future__ import annotations
 import math
 import random
 from typing import Any
+
+import torch
+
+from kdtree.bench.cases import make_case, random_parents
+from kdtree.kernels.launch_plan import BLOCK_N
+from kdtree.kernels.masks import pack_tree_masks, unpack_bool_rows
 
 
 def marked_positions(L: int, T: int, tile: int) -> list[int]:
@@ -100,19 +105,15 @@ def _assign_targets(L: int, T: int, H: int, parents: list[int], targets: int, rn
 
 def dominant_key_case(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str = "cuda",
                       targets: int = 8, strength: float = 20.0) -> dict[str, Any]:
-    """A `kdtree.tools.cases.make_case` case whose queries make the marked keys dominate (module
+    """A `kdtree.bench.cases.make_case` case whose queries make the marked keys dominate (module
     docstring). L and T are as given; the rest follows from the seed."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.tools.cases import make_case, random_parents  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import BLOCK_N  # noqa: PLC0415
 
     case = make_case(H, reqs, kind, seed, device="cpu")
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed ^ 0xD0)
     parents_all = [random_parents(t, kind, gen) for t, _ in reqs]
     # make_case drew its own trees; rebuild the mask from ours so both agree
-    from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
     case["tree_mask"] = pack_tree_masks(parents_all)
     q = case["q"].double()
@@ -140,9 +141,7 @@ def dominant_key_case(H: int, reqs: list[tuple[int, int]], kind: str, seed: int,
 
 def row_scale(case: dict[str, Any]):
     """``||ref_r|| + rho_r`` per (node, head) row, fp64 [Nq, H] (module docstring)."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.kernels.masks import unpack_bool_rows  # noqa: PLC0415
 
     q = case["q"]
     out = torch.empty(q.shape[0], q.shape[1], dtype=torch.float64, device=q.device)

@@ -1,9 +1,9 @@
-"""Phase 2's work: what each gate of `phase2_backend.SPEC` runs, bound to this project.
+"""Phase 2's work: what each gate of `kdtree.phases.phase2.spec.SPEC` runs, bound to this project.
 
 Every check takes (spec, ctx) and returns the GateResult of a generic mechanism of
 `kdtree.gates`, fed with the engine (`kdtree.engine`), the SGLang backend
-(`kdtree.integrations.sglang`) and the kernels. torch and the project's GPU code are imported
-inside the functions, so importing the phase stays cheap. Parameters after ``ctx`` exist for the
+(`kdtree.integrations.sglang`) and the kernels. The orchestrator imports this module only when a
+gate runs. Parameters after ``ctx`` exist for the
 tests (small sizes, the CPU, broken candidates); the phase runs the defaults.
 """
 
@@ -15,10 +15,27 @@ import statistics
 import time
 from typing import Any, Optional
 
-from kdtree.gates.base import Figure, GateContext, GateResult, Outcome
+import torch
+
+from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
+from kdtree.bench.verify_step import VerifySetup, step_breakdown, token_exact_prompts
+from kdtree.engine import backends, generate
+from kdtree.engine.api import decode_loop
+from kdtree.engine.backends import get_backend
+from kdtree.engine.drafters import get_drafter
+from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.speculative import Request, Runner
+from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
+from kdtree.gates.metric import check_metric
+from kdtree.gates.timing import cuda_event_timer, default_timer
+from kdtree.gates.token_exact import Stream
+from kdtree.integrations.sglang.converter import VerifyConverter
+from kdtree.integrations.sglang.fixtures import make_verify_batch
+from kdtree.kernels import tree_verify_mla
+from kdtree.phases.models import SPEED_PRESET, release_device_memory, shared_model
+from kdtree.phases.phase1.tokens import decoy_step
 
 LONG_PROMPT_TOKENS = 32768  # token_exact: prompts at least this long are part of every run
-SPEED_PRESET = "dsv3-tp8"  # DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard (kdtree.engine.config)
 VERIFY_CONTEXTS = (4096, 32768, 131072)
 VERIFY_BATCH = 2
 TREE_BUDGET = 64
@@ -29,48 +46,19 @@ DECODE_NEW_TOKENS = 24
 # so the Python enqueue of ~270 launches stays out of the figure, as in a CUDA-graph replay.
 STEP_LEAD_S = 0.03
 
-# The sm_120 path (`phase1_sm120`: the variant compute capability 12.0 dispatches, forced) as an
+# The sm_120 path (`sm120`: the variant compute capability 12.0 dispatches, forced) as an
 # engine backend: verify_speedup and decode_speedup report it beside the default dispatch (figures
 # sm120_path_*); the thresholds and targets hold the default dispatch.
 SM120_BACKEND = "kernel-sm120-path"
 SM120 = "sm120_path"
 
-_models: dict[tuple, Any] = {}
-
-
 def sm120_backend() -> str:
     """Register (once) and name the engine backend whose every op call takes the sm_120 path."""
-    from kdtree.engine import backends  # noqa: PLC0415
 
     if SM120_BACKEND not in backends.known_backends():
         backends.register_backend(SM120_BACKEND, lambda: backends.OpBackend(
-            SM120_BACKEND, "kdtree.phases.phase1_sm120", "sm120_path"))
+            SM120_BACKEND, "kdtree.phases.phase1.sm120", "sm120_path"))
     return SM120_BACKEND
-
-
-def _model(preset_name: str, device: str):
-    """One seeded model per (preset, device) per process: the speed gates share it."""
-    from kdtree.engine import build_model, preset  # noqa: PLC0415
-
-    key = (preset_name, device)
-    if key not in _models:
-        _models.clear()  # one large model at a time
-        release_device_memory()
-        _models[key] = build_model(preset(preset_name), seed=0, device=device)
-    return _models[key]
-
-
-def release_device_memory() -> None:
-    """Hand the caching allocator's free blocks back to the driver. A gate after a memory-heavy
-    one (32k-token prompts) otherwise finds the device full of torch's cached blocks, and what
-    allocates outside torch's allocator (Triton loading a kernel module) runs out of memory."""
-    import gc  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
-    gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def _hold(result: GateResult, figure: Figure, failure: str) -> GateResult:
@@ -83,31 +71,13 @@ def _hold(result: GateResult, figure: Figure, failure: str) -> GateResult:
 
 
 # -- token_exact ---------------------------------------------------------------------------------
-def token_exact_prompts(n: int, long_prompts: int, long_len: int, vocab: int, seed: int) -> list[list[int]]:
-    """n prompts: `long_prompts` of `long_len`+ tokens (a motif repeated with noise, so prompt
-    lookup and the induction circuit both have matches far back), the rest 4..48 tokens."""
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(n):
-        if i < long_prompts:
-            motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 512))]
-            p = [motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab)
-                 for j in range(long_len + rng.randrange(256))]
-        else:
-            m = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
-            p = [m[j % len(m)] if i % 2 else rng.randrange(vocab) for j in range(rng.randint(4, 48))]
-        prompts.append(p)
-    return prompts
-
-
 def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: str = "cuda",
                       preset_name: str = "tiny-long", long_len: int = LONG_PROMPT_TOKENS, long_prompts: int = 2,
                       drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
     """Tree speculative decoding on `backend` vs plain greedy decoding on the oracle backend."""
-    from kdtree.engine import generate  # noqa: PLC0415
     from kdtree.gates.token_exact import Stream, check_token_exact as run  # noqa: PLC0415
 
-    model = _model(preset_name, device)
+    model = shared_model(preset_name, device)
     prompts = token_exact_prompts(spec.min_prompts, long_prompts, long_len, model.config.vocab_size,
                                   ctx.fresh_seed())
     ctx.progress(f"greedy decoding on the reference backend ({len(prompts)} prompts, longest "
@@ -133,12 +103,10 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
 
 def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ctx: GateContext,
                    details: dict, count: int = 4) -> list:
-    """One verify step on decoy trees (phase 1's `phase1_tokens.decoy_step`: the greedy path hidden
+    """One verify step on decoy trees (phase 1's `kdtree.phases.phase1.tokens.decoy_step`: the greedy path hidden
     behind branches that only a wrong tree mask lets through) for the short prompts, on `backend`
     and on the reference over the same KV: drafted trees alone leave margins too wide for a leaky
     mask to change tokens reliably."""
-    from kdtree.gates.token_exact import Stream  # noqa: PLC0415
-    from kdtree.phases.phase1_tokens import decoy_step  # noqa: PLC0415
 
     path = min(12, max_new_tokens - 1)
     picked = [i for i, p in enumerate(prompts) if len(p) <= 64 and len(greedy[i]) > path][:count]
@@ -155,37 +123,6 @@ def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ct
 
 
 # -- sglang_parity -------------------------------------------------------------------------------
-def sglang_extend_attention():
-    """(SGLang's own ``extend_attention_fwd`` from the installed wheel, how it was loaded), or ImportError."""
-    from kdtree.integrations.sglang.sglang_kernels import load_extend_attention  # noqa: PLC0415
-
-    return load_extend_attention()
-
-
-def sglang_triton_verify(fx: dict[str, Any], extend_attention_fwd) -> Any:
-    """SGLang's Triton target-verify call on a fixture, exactly as ``TritonAttnBackend.forward_extend``
-    makes it for an MLA layer (its pool already holds the prefix; k/v of the drafts passed in)."""
-    import torch  # noqa: PLC0415
-
-    q, k, v, pool = fx["q"], fx["k_extend"], fx["v_extend"], fx["pool"]
-    o = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
-    extend_attention_fwd(q, k.contiguous(), v.contiguous(), o, pool, pool[..., :512], fx["qo_indptr"],
-                         fx["kv_indptr"], fx["kv_indices"], fx["custom_mask"], True, fx["mask_indptr"],
-                         fx["num_draft_tokens"], 1.0, 1.0, fx["sm_scale"])
-    return o
-
-
-def kdtree_sglang_verify(fx: dict[str, Any], converter, op, out) -> None:
-    """What the SGLang backend does on a target-verify MLA layer: write the drafts' KV into the
-    pool, convert SGLang's metadata (`VerifyConverter`), run the op on the pool."""
-    pool = fx["pool"]
-    pool[fx["out_cache_loc"]] = fx["k_extend"]
-    meta = converter.convert(fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"],
-                             fx["custom_mask"], fx["mask_indptr"])
-    op(fx["q"], pool.view(pool.shape[0], 576), meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
-       fx["sm_scale"], out=out)
-
-
 PARITY_CASES = [  # (name, H, prefix lens, tree size, tree kind, mask dtype, qo dtype, ancestor-closed, padded)
     ("H16 N64 B2 random", 16, "random2", 64, "random", "bool", "int32", True, 0),
     ("H16 N8 B4 chain", 16, "random4", 8, "chain", "uint8", "int64", True, 0),
@@ -197,8 +134,6 @@ PARITY_CASES = [  # (name, H, prefix lens, tree size, tree kind, mask dtype, qo 
 
 
 def _out_like(q):
-    import torch  # noqa: PLC0415
-
     return torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
 
 
@@ -214,11 +149,8 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
     """The SGLang backend's verify path vs SGLang's real Triton kernel, on SGLang-format inputs with
     fresh random trees and lengths every trial. `reference(fx) -> out` replaces SGLang's kernel
     (the CPU tests use the fp64 layout oracle); `candidate_op` replaces the CUDA kernel."""
-    import torch  # noqa: PLC0415
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
-    from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
-    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
 
     release_device_memory()
     loaded = "a reference passed in"
@@ -273,110 +205,11 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
 
 
 # -- verify_speedup ------------------------------------------------------------------------------
-class VerifySetup:
-    """Requests with an L-token prefix of random KV in a pool, one tree each, two runners (kernel and
-    triton backends) on the same model and pool. `step(runner)` is one whole verify step."""
-
-    def __init__(self, model, context: int, batch: int, budget: int, seed: int, backends=("kernel", "triton")):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.backends import get_backend  # noqa: PLC0415
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-        from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        cfg = model.config
-        slots = batch * (context + budget) + 64
-        self.pool = KVPool(cfg.num_layers, slots, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        self.requests, self.trees = [], []
-        order = self.pool.alloc(batch * context).tolist()
-        rng.shuffle(order)
-        for b in range(batch):
-            self.pool.add_request(b)
-            self.pool.append(b, order[b * context: (b + 1) * context])
-            prompt = [rng.randrange(cfg.vocab_size) for _ in range(8)]
-            r = Request(b, prompt, 1 << 20, output=[rng.randrange(cfg.vocab_size)])
-            self.requests.append(r)
-            parents = [-1] + [rng.randrange(t) for t in range(1, budget)]
-            tokens = [r.pending] + rng.sample(range(cfg.vocab_size), budget - 1)
-            self.trees.append(TokenTree(tokens, parents))
-        tree_ids = self.pool.alloc(batch * budget).tolist()
-        self.tree_slots = [tree_ids[b * budget: (b + 1) * budget] for b in range(batch)]
-        self.runners = {name: Runner(model, self.pool, get_backend(name)) for name in backends}
-        self.context, self.batch, self.budget = context, batch, budget
-
-    def step(self, name: str):
-        return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
-
-    def refresh(self, seed: int) -> None:
-        """New prefix KV in place (every layer's pool rows redrawn): the speed gate's rounds must
-        not be answerable from a cache keyed on shapes or pointers."""
-        import torch  # noqa: PLC0415
-
-        gen = torch.Generator(device=self.pool.kv[0].device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-
-    def metadata(self, name: str):
-        from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
-
-        runner = self.runners[name]
-        return verify_metadata([runner.prefix(r.rid) for r in self.requests], self.tree_slots,
-                               [t.parents for t in self.trees], runner.model.device)
-
-
-def _median_ms(fn, repeats: int, sync) -> float:
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def step_breakdown(setup: VerifySetup, name: str, repeats: int = 10) -> dict[str, float]:
-    """One verify step's time split: metadata conversion, attention (every layer's op call on
-    that metadata, alone), the rest (projections, MLPs, KV writes, head, host). Wall clock with
-    the device synchronised around each part."""
-    import torch  # noqa: PLC0415
-
-    model = setup.runners[name].model
-    dev = model.device
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    backend = setup.runners[name].backend
-    meta = setup.metadata(name)
-    rows = sum(setup.budget for _ in setup.requests)
-    q = torch.randn(rows, model.config.num_heads, 576, device=dev, dtype=model.dtype)
-    kv = setup.pool.kv
-    scale = model.config.sm_scale
-
-    def attention():
-        for layer in kv:
-            backend.forward_verify(q, layer, meta, scale)
-
-    step_ms = _median_ms(lambda: setup.step(name), repeats, sync)
-    conv_ms = _median_ms(lambda: setup.metadata(name), repeats, sync)
-    attn_ms = _median_ms(attention, repeats, sync)
-    return {"step_ms": step_ms, "conversion_ms": conv_ms, "attention_ms": attn_ms,
-            "rest_ms": max(0.0, step_ms - conv_ms - attn_ms), "attention_share": attn_ms / step_ms if step_ms else math.nan}
-
-
 def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16, tree: int = TREE_BUDGET,
                        repeats: int = 20, device: str = "cuda") -> dict[str, float]:
     """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
     each call queued behind a busy-wait); the converter's eager time (host launch included) too."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.gates.timing import cuda_event_timer  # noqa: PLC0415
-    from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
-    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
-    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
 
     fx = make_verify_batch(heads, [context] * batch, tree, seed=context, device=device)
     conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), device)
@@ -411,9 +244,8 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     ``sm120`` names the backend of the sm_120 path, timed in the same rounds and reported as
     ``sm120_path_*`` ("default": `sm120_backend()`; None: not timed)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
-    from kdtree.gates.timing import cuda_event_timer, default_timer  # noqa: PLC0415
 
-    model = _model(preset_name, device)
+    model = shared_model(preset_name, device)
     cand_name, base_name = backends
     sm120_name = sm120_backend() if sm120 == "default" else sm120
     runners = tuple(backends) + ((sm120_name,) if sm120_name else ())
@@ -453,7 +285,6 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
 
 def _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, contexts, device) -> GateResult:
     """One verdict over the per-config runs, with the step breakdown and the converter's share."""
-    from kdtree.gates.base import verdict  # noqa: PLC0415
 
     errors = [r for r in results if r.outcome is Outcome.ERROR]
     speedups = [r["speedup"] for r in rows if r.get("status") == "ok" and r.get("speedup") is not None]
@@ -527,13 +358,7 @@ def timed_decode(model, prompts: list[list[int]], backends: tuple[str, ...], dra
     """Prefill once, then decode the same requests from that state with each backend, interleaved
     `rounds` times (the pool is truncated back to the prompt between runs, so every run starts from
     the same KV and the same first token). Returns tokens/s (decode only, median) and tokens."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.api import decode_loop  # noqa: PLC0415
-    from kdtree.engine.backends import get_backend  # noqa: PLC0415
-    from kdtree.engine.drafters import get_drafter  # noqa: PLC0415
-    from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
 
     spec = get_drafter(drafter)
     slots = sum(len(p) + new_tokens + budget + spec.max_depth + 2 for p in prompts) + 64
@@ -579,9 +404,8 @@ def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     ``sm120`` names the backend of the sm_120 path, decoded in the same rounds and reported as
     ``sm120_path_decode_speedup_<L>`` against the Triton backend ("default": `sm120_backend()`;
     None: not run); the thresholds and targets hold the default dispatch."""
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
-    model = _model(preset_name, device)
+    model = shared_model(preset_name, device)
     sm120_name = sm120_backend() if sm120 == "default" else sm120
     rng = random.Random(ctx.fresh_seed())
     figures: dict[str, float] = {}

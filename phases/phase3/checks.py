@@ -1,7 +1,6 @@
-"""Phase 3's work: what each gate of `phase3_graph.SPEC` runs, bound to this project.
+"""Phase 3's work: what each gate of `kdtree.phases.phase3.spec.SPEC` runs, bound to this project.
 
 Three kinds of captured callables are put through `kdtree.gates.graph_safety`:
-
 - **launch** cases: one kernel launch with a bucket's fixed plan (`kdtree.kernels.plan_bucket`)
   over static buffers sized for the bucket; every draw has a fresh number of live requests
   (the rest padded: no rows, no keys), fresh tree sizes up to the bucket's (the rows past the
@@ -28,9 +27,31 @@ import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from kdtree.gates.base import Figure, GateContext, GateResult, Outcome
+import torch
 
-SPEED_PRESET = "dsv3-tp8"
+from kdtree.bench.verify_step import EngineVerify, StepInputs, mixed_parents
+from kdtree.engine.api import decode_loop
+from kdtree.engine.backends import get_backend
+from kdtree.engine.drafters import get_drafter
+from kdtree.engine.graph_capture import (
+    Bucket, BucketKernelBackend, VerifyGraphs, graph_buffer_bytes, sglang_verify_mask_bytes,
+)
+from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.speculative import Request, Runner
+from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
+from kdtree.gates.graph_safety import GraphCase, check_graph_safety_pairs
+from kdtree.gates.metric import check_metric
+from kdtree.gates.spec import GraphSafetyGateSpec
+from kdtree.gates.tensors import compare
+from kdtree.gates.timing import Spread, cuda_event_timer, interleaved, l2_flush_bytes
+from kdtree.integrations.sglang.converter import VerifyConverter
+from kdtree.integrations.sglang.fixtures import make_verify_batch
+from kdtree.kernels import pack_tree_masks, plan_bucket
+from kdtree.kernels.contract import Problem
+from kdtree.kernels.cuda_op import cached_plan, device_state, launch
+from kdtree.kernels.reference import tree_verify_mla_reference
+from kdtree.phases.models import SPEED_PRESET, shared_model
+
 SPEED_BATCHES = (1, 4)
 SPEED_CONTEXT = 4096
 SPEED_TREE = 16
@@ -52,23 +73,12 @@ def _agree(cmp, tol: float = 1e-2) -> bool:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
-def _parents(rng: random.Random, n: int) -> list[int]:
-    kind = rng.choice(["random", "random", "chain", "star"])
-    if kind == "chain":
-        return list(range(-1, n - 1))
-    if kind == "star":
-        return [-1] + [0] * (n - 1)
-    return [-1] + [rng.randrange(t) for t in range(1, n)]
-
-
 def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Sequence[int]] = None,
                   sizes: Optional[Sequence[int]] = None) -> dict[str, Any]:
     """Static-shaped op-contract inputs of a bucket: fresh live requests (the rest padded), tree
     sizes, prefix lengths (0 and the maximum drawn often), slots, q, KV, and garbage mask rows
     for the padded rows. `lens` / `sizes` fix the live requests' lengths and tree sizes."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.kernels import pack_tree_masks  # noqa: PLC0415
 
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -87,7 +97,7 @@ def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Seq
         kv_indices[at: at + length + size] = perm[at: at + length + size]
         qo.append(qo[-1] + size)
         kv.append(at + length + size)
-        parents.append(_parents(rng, size))
+        parents.append(mixed_parents(rng, size))
     qo += [qo[-1]] * (B + 1 - len(qo))
     kv += [kv[-1]] * (B + 1 - len(kv))
     words = bucket.mask_words
@@ -107,8 +117,6 @@ def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Seq
 
 
 def launch_outputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    import torch  # noqa: PLC0415
-
     q = inputs["q"]
     return {"out": torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device),
             "lse": torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)}
@@ -117,7 +125,6 @@ def launch_outputs(inputs: dict[str, Any]) -> dict[str, Any]:
 def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
     """The captured callable of a launch case: out zero and lse -inf (what padded rows keep), then
     the launch with the bucket's plan, run as it is."""
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
 
     def fn(inputs, outputs):
         outputs["out"].zero_()
@@ -129,15 +136,12 @@ def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
 
 def _device_plan(bucket, heads: int, variant: Optional[str] = None):
     """The bucket's launch plan on the current CUDA device (`kdtree.kernels.plan_bucket`)."""
-    from kdtree.kernels import plan_bucket  # noqa: PLC0415
 
     return plan_bucket(bucket.batch, bucket.tree, bucket.context, heads, variant=variant)
 
 
 def launch_cases(buckets=LAUNCH_BUCKETS, candidate=None) -> list[tuple[Any, Callable]]:
     """(GraphCase, captured callable) per launch bucket; `candidate(plan)` replaces `bucket_launch`."""
-    from kdtree.engine.graph_capture import Bucket  # noqa: PLC0415
-    from kdtree.gates.graph_safety import GraphCase  # noqa: PLC0415
 
     out = []
     for B, T, C, H, variant in buckets:
@@ -153,12 +157,7 @@ def launch_cases(buckets=LAUNCH_BUCKETS, candidate=None) -> list[tuple[Any, Call
 
 def converter_case(heads: int = 16, batch: int = 4, tree: int = 16, context: int = 4096):
     """SGLang's target-verify metadata -> the op contract (Triton, preallocated) + the kernel."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.gates.graph_safety import GraphCase  # noqa: PLC0415
-    from kdtree.integrations.sglang.converter import VerifyConverter  # noqa: PLC0415
-    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
 
     conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), "cuda")
     keys = ("q", "pool", "qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "custom_mask", "mask_indptr")
@@ -193,70 +192,8 @@ def converter_case(heads: int = 16, batch: int = 4, tree: int = 16, context: int
                      params={"B": batch, "T": tree, "L": context, "H": heads}), fn
 
 
-class StepInputs:
-    """Fresh verify steps for a bucket of the engine: a model, a pool of random KV, and draws of
-    live requests, prefix lengths, trees, tokens and slots (prefix and tree slots disjoint)."""
-
-    def __init__(self, model, bucket, seed: int = 0):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-
-        self.model, self.bucket = model, bucket
-        self.slots = bucket.batch * (bucket.context + bucket.tree) + 8
-        self.pool = KVPool(model.config.num_layers, self.slots + 1, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        self.scratch = self.slots  # the last slot: never a prefix or tree slot of a draw
-
-    def draw(self, seed: int, device: str, lens=None, sizes=None) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.graph_capture import stage_values  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        B, T, C = self.bucket.batch, self.bucket.tree, self.bucket.context
-        vocab = self.model.config.vocab_size
-        if lens is None:
-            live = rng.choice([B, rng.randint(1, B)])
-            lens = [rng.choice([0, C - T, rng.randint(0, C - T)]) for _ in range(live)]
-        if sizes is None:
-            sizes = [rng.choice([T, 1, rng.randint(1, T)]) for _ in lens]
-        order = list(range(self.slots))
-        rng.shuffle(order)
-        trees, tree_slots, prefixes, at = [], [], [], 0
-        for length, size in zip(lens, sizes):
-            prefixes.append(order[at: at + length])
-            tree_slots.append(order[at + length: at + length + size])
-            at += length + size
-            trees.append(TokenTree(rng.sample(range(vocab), size), _parents(rng, size)))
-        values, starts = stage_values(self.bucket, lens, trees, tree_slots, self.scratch)
-        kv_indices = torch.tensor(order[: self.bucket.kv_capacity], dtype=torch.int32)
-        for start, prefix in zip(starts, prefixes):
-            kv_indices[start: start + len(prefix)] = torch.tensor(prefix, dtype=torch.int32)
-        return {"stage": torch.tensor(values, dtype=torch.int64, device=device), "kv_indices": kv_indices.to(device)}
-
-    def outputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        import torch  # noqa: PLC0415
-
-        return {"logits": torch.empty(self.bucket.rows, self.model.config.vocab_size, dtype=torch.float32,
-                                      device=inputs["stage"].device)}
-
-    def body(self, backend) -> Callable[[dict[str, Any], dict[str, Any]], None]:
-        from kdtree.engine.graph_capture import verify_body  # noqa: PLC0415
-
-        def fn(inputs, outputs):
-            verify_body(self.model, self.pool.kv, self.bucket, backend, inputs["stage"], inputs["kv_indices"],
-                        outputs["logits"])
-        return fn
-
-
 def step_cases(model, buckets=STEP_BUCKETS, backend_for=None) -> list[tuple[Any, Callable]]:
     """(GraphCase, captured callable) per engine bucket (whole verify steps of `model`)."""
-    from kdtree.engine.graph_capture import Bucket, BucketKernelBackend  # noqa: PLC0415
-    from kdtree.gates.graph_safety import GraphCase  # noqa: PLC0415
 
     out = []
     for B, T, C in buckets:
@@ -271,22 +208,7 @@ def step_cases(model, buckets=STEP_BUCKETS, backend_for=None) -> list[tuple[Any,
     return out
 
 
-_models: dict[tuple, Any] = {}
-
-
-def _model(preset_name: str, device: str):
-    from kdtree.engine import build_model, preset  # noqa: PLC0415
-
-    key = (preset_name, device)
-    if key not in _models:
-        _models.clear()
-        _models[key] = build_model(preset(preset_name), seed=0, device=device)
-    return _models[key]
-
-
 def _safety(spec, ctx: GateContext, pairs, **details) -> GateResult:
-    from kdtree.gates.graph_safety import check_graph_safety_pairs  # noqa: PLC0415
-
     return check_graph_safety_pairs(spec, pairs, ctx, **details)
 
 
@@ -296,7 +218,7 @@ def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backe
                        with_oracle: bool = True) -> GateResult:
     """Replay == eager, bitwise, on fresh inputs, for launch and whole-step buckets; plus the
     bucket-planned launch against the fp64 oracle (so replay and eager cannot be wrong together)."""
-    pairs = launch_cases(launch_buckets, launch_candidate) + step_cases(_model(step_preset, ctx.device), step_buckets,
+    pairs = launch_cases(launch_buckets, launch_candidate) + step_cases(shared_model(step_preset, ctx.device), step_buckets,
                                                                           step_backend)
     result = _safety(spec, ctx, pairs)
     if with_oracle:
@@ -311,9 +233,6 @@ def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backe
 
 def oracle_check(buckets, candidate, ctx: GateContext, draws: int = 2) -> tuple[float, list[dict]]:
     """Bucket-planned launches (eager; replay equals them bitwise) vs the fp64 oracle on the live rows."""
-    from kdtree.engine.graph_capture import Bucket  # noqa: PLC0415
-    from kdtree.gates.tensors import compare  # noqa: PLC0415
-    from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
 
     worst, rows = 0.0, []
     for B, T, C, H, variant in buckets:
@@ -348,8 +267,6 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
     """No host sync in any capture (under sync debug mode "error"), no allocation in the launch
     and converter captures, none in any replay, none in the engine's graph steps; the graph
     buffers next to SGLang's verify mask at 128k."""
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
-    from kdtree.gates.spec import GraphSafetyGateSpec  # noqa: PLC0415
 
     probe = GraphSafetyGateSpec(name=spec.name, replays=3, max_rel_l2=0.0)
     pairs = launch_cases(launch_buckets, launch_candidate)
@@ -357,12 +274,12 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
         with_converter = _triton_available()
     if with_converter:
         pairs.append(converter_case())
-    pairs += step_cases(_model(step_preset, ctx.device), step_buckets, step_backend)
+    pairs += step_cases(shared_model(step_preset, ctx.device), step_buckets, step_backend)
     safety = _safety(probe, ctx, pairs)
     got = {f.name: f.value for f in safety.figures}
     figures = {name: got[name] for name in ("host_syncs_in_capture", "allocations_in_capture", "allocations_in_replay",
                                             "capture_failures", "pool_allocations_in_capture") if got.get(name) is not None}
-    step_allocs, graph_rows = engine_step_allocations(_model(step_preset, ctx.device), engine_steps,
+    step_allocs, graph_rows = engine_step_allocations(shared_model(step_preset, ctx.device), engine_steps,
                                                       graphs_factory=graphs_factory)
     figures["allocations_in_replay"] = figures.get("allocations_in_replay", 0) + step_allocs
     figures["engine_graph_steps"] = graph_rows["replays"]
@@ -393,7 +310,6 @@ def _triton_available() -> bool:
 
 def buffer_comparison(context: int = BUFFER_CONTEXT, buckets=BUFFER_BUCKETS) -> list[dict[str, Any]]:
     """Graph buffer bytes per (batch, tree) bucket at `context` vs SGLang's verify mask buffer."""
-    from kdtree.engine.graph_capture import Bucket, graph_buffer_bytes, sglang_verify_mask_bytes  # noqa: PLC0415
 
     rows = []
     for batch, tree in buckets:
@@ -412,7 +328,7 @@ def buffer_comparison(context: int = BUFFER_CONTEXT, buckets=BUFFER_BUCKETS) -> 
 def engine_step_allocations(model, steps: int, context: int = 1000, batch: int = 2, tree: int = 8,
                             graphs_factory=None) -> tuple[int, dict[str, Any]]:
     """CUDA allocations made by the engine's graph verify steps after the first (capture) one."""
-    import torch  # noqa: PLC0415
+
 
     setup = EngineVerify(model, context, batch, tree, seed=1, graphs_factory=graphs_factory)
     setup.step("graph")  # captures
@@ -427,55 +343,13 @@ def engine_step_allocations(model, steps: int, context: int = 1000, batch: int =
                        "captures": graphs.captures, "fallbacks": graphs.fallbacks}
 
 
-class EngineVerify:
-    """Requests with an L-token prefix of random KV and one tree each, and two runners on the same
-    model and pool, both on the kernel backend: ``eager`` and ``graph`` (`VerifyGraphs`)."""
-
-    def __init__(self, model, context: int, batch: int, tree: int, seed: int, graphs_factory=None):
-        import torch  # noqa: PLC0415
-
-        from kdtree.engine.backends import get_backend  # noqa: PLC0415
-        from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
-        from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-        from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
-        from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-
-        rng = random.Random(seed)
-        cfg = model.config
-        self.pool = KVPool(cfg.num_layers, batch * (context + tree) + 64, dtype=model.dtype, device=model.device)
-        gen = torch.Generator(device=model.device).manual_seed(seed)
-        for layer in self.pool.kv:
-            layer.normal_(generator=gen)
-        order = self.pool.alloc(batch * context).tolist()
-        rng.shuffle(order)
-        self.requests, self.trees = [], []
-        for b in range(batch):
-            self.pool.add_request(b)
-            self.pool.append(b, order[b * context: (b + 1) * context])
-            r = Request(b, [1], 1 << 20, output=[rng.randrange(cfg.vocab_size)])
-            self.requests.append(r)
-            self.trees.append(TokenTree([r.pending] + rng.sample(range(cfg.vocab_size), tree - 1),
-                                        [-1] + [rng.randrange(t) for t in range(1, tree)]))
-        ids = self.pool.alloc(batch * tree).tolist()
-        self.tree_slots = [ids[b * tree: (b + 1) * tree] for b in range(batch)]
-        graphs = (graphs_factory or VerifyGraphs)(model, self.pool)
-        self.runners = {"eager": Runner(model, self.pool, get_backend("kernel")),
-                        "graph": Runner(model, self.pool, get_backend("kernel"), graphs=graphs)}
-
-    def step(self, name: str):
-        return self.runners[name].verify_logits(self.requests, self.trees, self.tree_slots)
-
-
 def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=SPEED_BATCHES,
                          context: int = SPEED_CONTEXT, tree: int = SPEED_TREE, loss_buckets=LOSS_BUCKETS,
                          loss_contexts=LOSS_CONTEXTS, decode_new_tokens: int = DECODE_NEW_TOKENS) -> GateResult:
     """Whole verify step, graph vs eager (engine, kernel backend), interleaved, at each batch;
     decode tokens/s with and without graphs; captured launch vs exact-length eager at L >= 32k."""
-    from kdtree.gates.base import verdict  # noqa: PLC0415
-    from kdtree.gates.tensors import compare  # noqa: PLC0415
-    from kdtree.gates.timing import Spread, cuda_event_timer, interleaved  # noqa: PLC0415
 
-    model = _model(preset_name, ctx.device)
+    model = shared_model(preset_name, ctx.device)
     figures: list[Figure] = []
     rows, problems, speedups = [], [], {}
     for batch in batches:
@@ -530,13 +404,7 @@ def captured_launch_loss(batch: int, tree: int, size: int, heads: int, ctx: Gate
                          repeats: int = 15) -> list[dict[str, Any]]:
     """One bucket (batch, tree, context `size`): its launch captured once, replayed at lengths from
     max(32k, size / 2 + 1) to `size`, each against an eager launch planned for that exact length."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.graph_capture import Bucket  # noqa: PLC0415
-    from kdtree.gates.tensors import compare  # noqa: PLC0415
-    from kdtree.gates.timing import cuda_event_timer, interleaved, l2_flush_bytes  # noqa: PLC0415
-    from kdtree.kernels.contract import Problem  # noqa: PLC0415
-    from kdtree.kernels.cuda_op import cached_plan, device_state, launch  # noqa: PLC0415
 
     bucket = Bucket(batch, tree, size)
     plan = _device_plan(bucket, heads)
@@ -588,14 +456,7 @@ def timed_decode_graphs(model, context: int, new_tokens: int, seed: int, batch: 
                         budget: int = SPEED_TREE, rounds: int = 2) -> dict[str, Any]:
     """Prefill once, then decode the same requests with and without verify graphs, interleaved
     (the pool truncated back to the prompt between runs). Decode tokens/s, median of `rounds`."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.api import decode_loop  # noqa: PLC0415
-    from kdtree.engine.backends import get_backend  # noqa: PLC0415
-    from kdtree.engine.drafters import get_drafter  # noqa: PLC0415
-    from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
-    from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
 
     rng = random.Random(seed)
     vocab = model.config.vocab_size

@@ -9,13 +9,14 @@ measured that scattered slots cost attention ~1 % on the H200, so the gates do n
 bandwidth: they prove defrag loses nothing and slows nothing, and measure what contiguity buys
 (the `benefit` gate), including where it buys nothing.
 
-The checks live in `phase4_work`. `TARGETS` holds the issue's targets (best in the field, never
+The checks live in `checks`. `TARGETS` holds the issue's targets (best in the field, never
 blocking) by gate and figure, set on the gates' ``targets`` field below.
 """
 
 from __future__ import annotations
 
-from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Threshold
+from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Target, Threshold
+from kdtree.phases import with_targets
 
 
 def _gate(name: str, requires: list[str], thresholds: list[tuple], description: str) -> MetricGateSpec:
@@ -36,17 +37,17 @@ SPEC = PhaseSpec(
                "what contiguity buys is measured, including where it buys nothing."),
     deliverables=[
         "kdtree.engine.allocator.SortedRunAllocator (Tier 0; its core native, engine/csrc/slot_runs.cpp, "
-        "where a C++ compiler is found, else the same in Python) and kdtree.engine.sglang_allocator_model "
+        "where a C++ compiler is found, else the same in Python) and kdtree.bench.sglang_allocator_model "
         "(SGLang 0.5.23's page_size=1 allocator, the baseline)",
         "kdtree.engine.relocation: victims by runs removed per byte, a per-step byte budget, pins; "
         "KVPool.move_tokens rewrites req_to_token, the draft pool and a prefix cache's nodes with the copy",
-        "kdtree.engine.churn and kdtree.engine.spec_churn: churn workloads (synthetic at 1M slots; "
+        "kdtree.bench.churn and kdtree.bench.spec_churn: churn workloads (synthetic at 1M slots; "
         "speculative decoding with requests arriving and finishing)",
-        "kdtree.engine.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
+        "kdtree.bench.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
     ],
     versions=["torch", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/phase4_defrag.py", "phases/phase4_work.py",
-            "gates/**/*.py"],
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/__init__.py",
+            "phases/models.py", "phases/phase4/**/*.py", "gates/**/*.py"],
     gates=[
         _gate("integrity", ["torch"],
               [("kv_bytes_changed", "==", 0, " B"), ("kv_slots_lost", "==", 0), ("pinned_slots_touched", "==", 0),
@@ -98,19 +99,15 @@ TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "no_slowdown": [("alloc_cost_fraction_of_step", "<", 0.02)],
 }
 
-from kdtree.gates.spec import Target  # noqa: E402
-from kdtree.phases import with_targets  # noqa: E402
-
 SPEC = with_targets(SPEC, {gate: [Target(figure=f, op=op, value=v) for f, op, v in figures]
                            for gate, figures in TARGETS.items()})
 
-from kdtree.phases import phase4_work as _work  # noqa: E402
-
+# gate -> its check, "module:function", imported when the gate runs (kdtree.orchestrator.plan)
 CHECKS = {
-    "integrity": _work.check_integrity,
-    "token_exact": _work.check_token_exact,
-    "copy_budget": _work.check_copy_budget,
-    "contiguity": _work.check_contiguity,
-    "no_slowdown": _work.check_no_slowdown,
-    "benefit": _work.check_benefit,
+    "integrity": "kdtree.phases.phase4.checks:check_integrity",
+    "token_exact": "kdtree.phases.phase4.checks:check_token_exact",
+    "copy_budget": "kdtree.phases.phase4.checks:check_copy_budget",
+    "contiguity": "kdtree.phases.phase4.checks:check_contiguity",
+    "no_slowdown": "kdtree.phases.phase4.checks:check_no_slowdown",
+    "benefit": "kdtree.phases.phase4.checks:check_benefit",
 }

@@ -1,18 +1,38 @@
-"""Phase 4's work: what each gate of `phase4_defrag.SPEC` runs, bound to this project's engine.
+"""Phase 4's work: what each gate of `kdtree.phases.phase4.spec.SPEC` runs, bound to this project's engine.
 
 Every check takes (spec, ctx) and returns a `kdtree.gates.metric.check_metric` result. Seeds are
-fresh per run (`ctx.fresh_seed`); the churn workloads (`kdtree.engine.churn`) draw everything from
-them. torch and the engine are imported inside the functions. Checks that take a relocator accept
+fresh per run (`ctx.fresh_seed`); the churn workloads (`kdtree.bench.churn`) draw everything from
+them. Checks that take a relocator accept
 ``relocator_cls`` so the tests can hand them broken relocations and assert why they fail.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import time
 from typing import Any, Optional
 
+import torch
+
+from kdtree.bench.churn import ChurnConfig, ChurnRun, replay_on_sglang_model
+from kdtree.bench.defrag_measure import (
+    H200_HBM_BYTES_PER_S, churn_layouts, copy_out_and_back, expand_seconds, gather_out, gather_staging_bytes,
+    main_stream_slowdown, median_seconds, pd_handoff, releasable_tail, request_runs_tensors, runs_out,
+    upload_seconds, verify_step_hbm_bytes,
+)
+from kdtree.bench.spec_churn import Arrival, serve
+from kdtree.engine import ModelConfig, build_model
+from kdtree.engine.config import preset
+from kdtree.engine.relocation import Relocator
+from kdtree.engine.run_metadata import expand_runs, indices_metadata_bytes, runs_metadata_bytes
 from kdtree.gates.base import GateContext, GateResult
+from kdtree.gates.metric import check_metric
+from kdtree.gates.timing import gpu_cycles_per_s, perf_counter_timer, sleep_cycles
+from kdtree.kernels import tree_verify_mla
+from kdtree.kernels.masks import pack_tree_masks
+from kdtree.phases.models import SPEED_PRESET
 
 # Sizes: (full, quick). The full ones are what the issue asks for (a 1M-slot pool, hundreds of
 # live requests; B=8 at L=32k for the step and kernel figures).
@@ -28,7 +48,6 @@ LONG_CONTEXT = dict(num_slots=1 << 20, live_requests=8, prompt_len=(32768, 32768
 ALLOC_COST = {"full": LONG_CONTEXT, "quick": dict(LONG_CONTEXT, steps=60)}  # B=8, L=32k: the target's step
 KERNEL_HEADS, TREE_NODES = 16, 16  # DeepSeek-V3's 128 heads over TP8; a 16-node tree per request
 STEP_LAYERS = 61  # DeepSeek-V3's layer count: the whole-step figure runs the kernel once per layer
-VERIFY_STEP_PRESET = "dsv3-tp8"  # the issue's "verify step at B=8, L=32k": this preset's layers
 TARGET_BATCH, TARGET_CONTEXT = 8, 32768
 
 
@@ -37,8 +56,6 @@ def _size(table: dict, ctx: GateContext) -> dict:
 
 
 def _churn_config(ctx: GateContext, **kw):
-    from kdtree.engine.churn import ChurnConfig  # noqa: PLC0415
-
     return ChurnConfig(**kw)
 
 
@@ -47,11 +64,7 @@ def check_integrity(spec, ctx: GateContext, relocator_cls=None, trials: int = 2)
     """Tier 0+1 churn with materialised target + draft stores, a prefix cache and pinned requests:
     after every relocation round, every live sequence's KV read through the maps == the shadow
     copy written with it, byte for byte, and no pinned slot moved or changed."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.churn import ChurnRun  # noqa: PLC0415
-    from kdtree.engine.relocation import Relocator  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     cfg = _churn_config(ctx, **_size(INTEGRITY, ctx), num_layers=2, draft_layers=1, device=ctx.device,
                         dtype=torch.bfloat16, prefix_cache_fraction=0.3, pin_fraction=0.25)
@@ -88,12 +101,7 @@ def check_token_exact(spec, ctx: GateContext, relocator_cls=None, requests: Opti
                       trials: Optional[int] = None) -> GateResult:
     """Speculative decoding (self-draft trees) of requests arriving at random steps: every
     request's tokens with defrag on (Tier 0 + relocation after every step) == with it off."""
-    import random  # noqa: PLC0415
 
-    from kdtree.engine import ModelConfig, build_model  # noqa: PLC0415
-    from kdtree.engine.relocation import Relocator  # noqa: PLC0415
-    from kdtree.engine.spec_churn import Arrival, serve  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     n_req, n_trials = (6, 1) if ctx.quick else (10, 2)
     n_req, trials = requests or n_req, trials or n_trials
@@ -132,9 +140,6 @@ def check_token_exact(spec, ctx: GateContext, relocator_cls=None, requests: Opti
 def check_copy_budget(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     """Tier 0+1 churn at scale; the bytes each round really copies are counted at the pool's copy
     (not from the relocator's own report) and held against that round's budget."""
-    from kdtree.engine.churn import ChurnRun  # noqa: PLC0415
-    from kdtree.engine.relocation import Relocator  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     cfg = _churn_config(ctx, **_size(SCALE, ctx))
     run = ChurnRun(cfg, "tier0+1", ctx.fresh_seed(), relocator_cls=relocator_cls or Relocator)
@@ -168,10 +173,6 @@ def check_copy_budget(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
 def check_contiguity(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
     """Runs per live request after the same churn workload, per allocator mode; also the host cost
     of the allocator per step and the free tail each mode leaves (benefit 3c)."""
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import releasable_tail  # noqa: PLC0415
-    from kdtree.engine.relocation import Relocator  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     cfg = _churn_config(ctx, **_size(SCALE, ctx))
     seed = ctx.fresh_seed()
@@ -212,7 +213,6 @@ def check_contiguity(spec, ctx: GateContext, relocator_cls=None) -> GateResult:
 def _allocator_cost_b8(ctx: GateContext, seed: int) -> dict[str, float]:
     """The allocator's host cost per step at B=8, L=32k (the issue's target: under 2 % of a verify
     step there), against the verify step's HBM floor (bytes of the dsv3-tp8 preset / 4.3 TB/s)."""
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
 
     lc = _size(ALLOC_COST, ctx)
     cfg = _churn_config(ctx, **lc)
@@ -236,10 +236,8 @@ def _allocator_cost_b8(ctx: GateContext, seed: int) -> dict[str, float]:
 def _verify_step_floor_ms(context: int) -> float:
     """HBM floor of one dsv3-tp8 verify step at B=8 (`defrag_measure.verify_step_hbm_bytes`), ms
     (on every device: it is the target's step, whatever the workload measured)."""
-    from kdtree.engine.config import preset  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
 
-    hbm = verify_step_hbm_bytes(preset(VERIFY_STEP_PRESET), TARGET_BATCH, context, TREE_NODES)
+    hbm = verify_step_hbm_bytes(preset(SPEED_PRESET), TARGET_BATCH, context, TREE_NODES)
     return hbm["total_bytes"] / H200_HBM_BYTES_PER_S * 1e3
 
 
@@ -248,11 +246,8 @@ def _verify_inputs(pool_tensor, run_lists, q, masks, device):
     """Op-contract inputs for requests given as (start, length) runs in token order: the runs go
     to the device (a few bytes) and are expanded there; each request's last TREE_NODES tokens
     are its tree."""
-    import math  # noqa: PLC0415
 
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.run_metadata import expand_runs  # noqa: PLC0415
 
     flat = [r for runs in run_lists for r in runs]
     lens = [sum(n for _, n in runs) for runs in run_lists]
@@ -279,12 +274,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     allocator and bookkeeping, metadata upload, the kernel once per layer over `layers` stores,
     and (defrag on) the relocation round, whose planning overlaps the queued kernels — with defrag
     on vs off, wall time to completion, interleaved step by step."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.churn import ChurnRun, replay_on_sglang_model  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import churn_layouts  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
-    from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
     if kernel_fn is None:
         kernel_fn = _owned_kernel()
@@ -364,10 +354,8 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     allocator_on = statistics.median(on.stats.allocator_seconds[warm:])
     # The issue's denominator: a dsv3-tp8 verify step at B=8, L=32k on this device, estimated as
     # its layers x this run's kernel time plus its weights' HBM floor (the rest of the step).
-    from kdtree.engine.config import preset  # noqa: PLC0415
-    from kdtree.engine.defrag_measure import H200_HBM_BYTES_PER_S, verify_step_hbm_bytes  # noqa: PLC0415
 
-    preset_cfg = preset(VERIFY_STEP_PRESET)
+    preset_cfg = preset(SPEED_PRESET)
     hbm = verify_step_hbm_bytes(preset_cfg, len(live), lc["prompt_len"][1], TREE_NODES)
     step_estimate = (preset_cfg.num_layers * statistics.median(times["unsorted"])
                      + hbm["weight_bytes"] / H200_HBM_BYTES_PER_S)
@@ -399,7 +387,7 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
         **runs_figures,
     }, ctx, details={"layers": layers, "heads": KERNEL_HEADS, "tree_nodes": TREE_NODES,
                      "alloc_cost_fraction_of_step": f"allocator calls alone (Tier 0+1, median per step) / "
-                     f"{VERIFY_STEP_PRESET} verify step = {preset_cfg.num_layers} layers x kernel_ms_fragmented "
+                     f"{SPEED_PRESET} verify step = {preset_cfg.num_layers} layers x kernel_ms_fragmented "
                      "+ the preset's weight bytes / 4.3 TB/s; _of_hbm_floor: / every byte (KV + weights) / "
                      "4.3 TB/s; _of_timed_step: allocator + maps / this gate's 61-layer step",
                      "long_context": {k: list(v) if isinstance(v, tuple) else v for k, v in lc.items()},
@@ -407,25 +395,21 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
 
 
 def _owned_kernel():
-    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-
     return tree_verify_mla
 
 
 def _timer(device):
     if device.type == "cuda":
+        from kdtree.bench.timing import LEAD_S  # noqa: PLC0415
         from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
-        from kdtree.tools.timing import LEAD_S  # noqa: PLC0415
 
         return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
-    from kdtree.gates.timing import perf_counter_timer  # noqa: PLC0415
 
     return perf_counter_timer
 
 
 def _timed_step(run, kernel_fn, q, masks, device) -> float:
     """Wall seconds of one step of `run` with the kernel once per store over its live requests."""
-    import torch  # noqa: PLC0415
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -454,14 +438,7 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
     contiguous run per layer — (the gated figure), and the host offload round trip by a gather,
     by one copy per run and the best of both; (a) the run-length metadata's bytes and its
     runs -> kv_indices expansion per verify step."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.defrag_measure import (  # noqa: PLC0415
-        churn_layouts, copy_out_and_back, expand_seconds, gather_out,
-        gather_staging_bytes, median_seconds, pd_handoff, request_runs_tensors, upload_seconds,
-    )
-    from kdtree.engine.run_metadata import indices_metadata_bytes, runs_metadata_bytes  # noqa: PLC0415
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
 
     device = torch.device(ctx.device)
     lc = dict(LONG_CONTEXT if long_context is None else long_context)
@@ -545,12 +522,7 @@ def check_benefit(spec, ctx: GateContext, long_context: Optional[dict] = None, s
 def _interference(pool, layouts, defragmented_run, live, device, seed) -> dict[str, float]:
     """The main stream's slowdown while one request's KV (every store) is copied out on a side
     stream: the phase-1 kernel on the B=8 requests (one layer) against each copy method."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine.defrag_measure import gather_out, main_stream_slowdown, runs_out  # noqa: PLC0415
-    from kdtree.gates.timing import gpu_cycles_per_s, sleep_cycles  # noqa: PLC0415
-    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.kernels.masks import pack_tree_masks  # noqa: PLC0415
 
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(TREE_NODES * len(live), KERNEL_HEADS, 576, generator=gen).to(torch.bfloat16).to(device)

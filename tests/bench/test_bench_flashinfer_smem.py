@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdtree.kernels import flashinfer_peer as fp
+from kdtree.bench import flashinfer_peer as fp
 
 
 def _fake_include(root):

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kdtree.bench.sglang_allocator_model import UnsortedFreeListAllocator
 from kdtree.engine.allocator import SortedRunAllocator
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.prefix_cache import PrefixCacheModel
 from kdtree.engine.relocation import PinTable, RelocationRound, Relocator
-from kdtree.engine.sglang_allocator_model import UnsortedFreeListAllocator
 
 MODES = ("unsorted", "sglang_sorted", "tier0", "tier0+1")
 
@@ -341,7 +341,7 @@ def replay_on_sglang_model(trace: list, num_slots: int, device: str = "cpu") -> 
     Freed ids are made device tensors before the clock starts (SGLang frees tensors it holds);
     each step ends with a device synchronise, so device work is counted.
     """
-    from kdtree.engine.sglang_allocator_model import SGLangTokenAllocatorModel  # noqa: PLC0415
+    from kdtree.bench.sglang_allocator_model import SGLangTokenAllocatorModel  # noqa: PLC0415
 
     dev = torch.device(device)
     ops = [(op[0], torch.tensor(op[1], dtype=torch.int64, device=dev)) if op[0] == "f" else op for op in trace]

@@ -1,4 +1,4 @@
-"""`kdtree.tools.cases`: make_case builds calls the op contract accepts, with the asked-for trees
+"""`kdtree.bench.cases`: make_case builds calls the op contract accepts, with the asked-for trees
 and slot layout, and oracle agrees with the fp64 reference run on the whole pool."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree.tools.cases import call, make_case, oracle
+from kdtree.bench.cases import call, make_case, oracle
 from kdtree.kernels.contract import validate
 from kdtree.kernels.masks import unpack_bool_rows
 from kdtree.kernels.reference import tree_verify_mla_reference

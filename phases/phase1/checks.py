@@ -1,36 +1,41 @@
-"""Phase 1's work: what each gate of `phase1_kernel.SPEC` runs, bound to this project.
+"""Phase 1's work: what each gate of `kdtree.phases.phase1.spec.SPEC` runs, bound to this project.
 
 Every function takes (spec, ctx) and returns the GateResult of a generic mechanism from
 `kdtree.gates`, fed with this project's kernel, baselines, oracle and engine. torch and the
-project's GPU code are imported inside the functions, so importing the phase stays cheap.
+project's GPU code are imported here: the orchestrator imports this module only when a gate
+runs (`kdtree.phases.phase1.CHECKS` names the checks as strings).
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 from typing import Any
 
+import torch
+
+from kdtree.bench.accuracy_cases import ACCURACY_CASES
+from kdtree.bench.cases import case_args, make_case, make_pool, oracle, pool_slots_for, uniform_case
+from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_SM
+from kdtree.bench.roofline import Shape, floor_seconds
+from kdtree.bench.timing import gpu_timer
+from kdtree.engine import build_model, generate
 from kdtree.gates.base import GateContext, GateResult
+from kdtree.gates.metric import check_metric
+from kdtree.kernels import tree_verify_mla
+from kdtree.kernels.jit import compile_arch
+from kdtree.phases.phase1.cases import dominant_key_case, row_scale
+from kdtree.phases.phase1.coverage import accuracy_cases as coverage, device_variants
+from kdtree.phases.phase1.sm120 import (
+    PREFIX as SM120, add_mma_ceiling_figures, extension_smem_bytes, hold_smem, sm120_path, variants_by_config,
+)
+from kdtree.phases.phase1.tokens import (
+    counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
+)
+from kdtree.tools.sanitize_driver import DONE_MARKER
 
-# Edge cases of docs/design.md section 4 plus random mixes: (name, H, [(T_b, L_b) per request], tree kind).
-ACCURACY_CASES = [
-    ("random H8 T16 L1000", 8, [(16, 1000)], "random"),
-    ("T1 L0 H16", 16, [(1, 0)], "random"),
-    ("chain H1 T5 L37", 1, [(5, 37)], "chain"),
-    ("star H16 T300 L50", 16, [(300, 50)], "star"),
-    ("mixed H128", 128, [(7, 300), (1, 5), (40, 0)], "random"),
-    ("T1024 H8 L200", 8, [(1024, 200)], "random"),
-    ("T1024 H128 L64", 128, [(1024, 64)], "chain"),
-    ("H64 T64 B2 L4096", 64, [(64, 4096), (64, 4000)], "random"),
-    ("H16 T33 L16k", 16, [(33, 16384)], "random"),
-    ("H8 T4 L32k", 8, [(4, 32768)], "random"),
-    ("odd H3", 3, [(17, 77), (3, 1), (2, 0)], "random"),
-    ("H128 T256 L2000", 128, [(256, 2000)], "random"),
-    ("B8 mixed H8", 8, list(zip([1, 4, 9, 16, 33, 64, 2, 100], [0, 5, 100, 999, 3000, 31, 7, 12])), "random"),
-]
-
-# Structured cases (`phase1_cases.dominant_key_case`): keys that dominate their rows at the tail of
+# Structured cases (`cases.dominant_key_case`): keys that dominate their rows at the tail of
 # the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
 # at the first and last tree slot, plus rows that target a slot they must not see. Sized so that
 # T x H x 8 targets hold every marked key (about (L+T)/16 of them). L past 8192 in each.
@@ -57,20 +62,15 @@ def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
 
 
 def _kernel_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
-    from kdtree.tools.cases import make_case  # noqa: PLC0415
-
     return make_case(H, jittered(reqs, seed), kind, seed, device=device)
 
 
 def _structured_inputs(H: int, reqs: list[tuple[int, int]], kind: str, seed: int, device: str) -> dict[str, Any]:
-    from kdtree.phases.phase1_cases import dominant_key_case  # noqa: PLC0415
-
     return dominant_key_case(H, jittered(reqs, seed), kind, seed, device=device)
 
 
 def check_build(spec, ctx: GateContext) -> GateResult:
     from kdtree.gates.build import BuildOutput, check_build as run  # noqa: PLC0415
-    from kdtree.kernels.jit import compile_arch  # noqa: PLC0415
 
     def compile_one(arch: str) -> BuildOutput:
         ctx.progress(f"nvcc {arch}", None)
@@ -84,14 +84,10 @@ def check_build(spec, ctx: GateContext) -> GateResult:
 
 def check_accuracy(spec, ctx: GateContext, candidate_fn=None, cases=None, structured=None) -> GateResult:
     """The kernel (or `candidate_fn`, same signature) vs the fp64 oracle on ACCURACY_CASES (random)
-    and STRUCTURED_CASES (dominant keys, `phase1_cases`); `cases` / `structured` replace them.
-    Per-row errors are held relative to `phase1_cases.row_scale`."""
-    import torch  # noqa: PLC0415
+    and STRUCTURED_CASES (dominant keys, `cases`); `cases` / `structured` replace them.
+    Per-row errors are held relative to `cases.row_scale`."""
 
     from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
-    from kdtree.phases.phase1_cases import row_scale  # noqa: PLC0415
-    from kdtree.phases.phase1_coverage import accuracy_cases as coverage, device_variants  # noqa: PLC0415
-    from kdtree.tools.cases import oracle  # noqa: PLC0415
 
     own_kernel = candidate_fn is None
     if own_kernel:
@@ -141,22 +137,18 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "cuda", device: str
                       reference_backend: str = "reference", decoy_path: int = 20) -> GateResult:
     """Tree speculative decoding through `backend` vs plain greedy decoding with the oracle, on
     ``spec.min_prompts`` fresh prompts, per drafter; plus one verify step per prompt on a decoy tree
-    (`phase1_trees`), whose tokens change under a wrong tree mask.
+    (`trees`), whose tokens change under a wrong tree mask.
 
     `op_under_test` (default `kdtree.kernels.tree_verify_mla`) is the op whose calls are counted in
-    every verify step (`phase1_tokens.CountedBackend`); the mean accepted length per step of each
+    every verify step (`tokens.CountedBackend`); the mean accepted length per step of each
     speculative run is held against the same run with `reference_backend`; the decoy step's logits
     are held against the reference's on the same KV (``margin_report``: how close the candidate
     came to changing a token there, as a fraction of the greedy margin); with ``spec.screen``, one
     verify step per round on random trees over a softmax-scale probe model, whose tokens must be
-    the reference's wherever rounding noise cannot change them (`phase1_tokens.screened_step`).
+    the reference's wherever rounding noise cannot change them (`tokens.screened_step`).
     """
-    import random  # noqa: PLC0415
 
-    from kdtree.engine import build_model, generate  # noqa: PLC0415
     from kdtree.gates.token_exact import RunStats, Stream, check_token_exact as run  # noqa: PLC0415
-    from kdtree.phases.phase1_tokens import (  # noqa: PLC0415
-        counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step)
 
     if op_under_test is None:
         from kdtree.kernels import tree_verify_mla as op_under_test  # noqa: PLC0415
@@ -232,31 +224,25 @@ class _Pool:
     """One random bf16 pool of >= 8 GB per gate run, shared by its configs."""
 
     def __init__(self, gb: float):
-        from kdtree.tools.cases import make_pool, pool_slots_for  # noqa: PLC0415
-
         self.tensor = make_pool(pool_slots_for(gb))
 
 
 def _gpu_timer():
-    """The tools' timer (`kdtree.tools.timing.gpu_timer`): L2 wiped (by reading) and a GPU
+    """The tools' timer (`kdtree.bench.timing.gpu_timer`): L2 wiped (by reading) and a GPU
     busy-wait queued before each call, so the events measure GPU time, not host enqueue time."""
-    from kdtree.tools.timing import gpu_timer  # noqa: PLC0415
 
     return gpu_timer()
 
 
 def refresh_queries(case: dict, seed: int) -> None:
     """New query values in place (same tensor, same shape): every output of the call changes."""
-    import torch  # noqa: PLC0415
 
     case["q"].normal_(generator=torch.Generator(device=case["q"].device).manual_seed(seed))
 
 
 def _device_smem(device) -> dict[str, int]:
     """Variant -> dynamic shared memory of the extension this CUDA device loads."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.phases.phase1_sm120 import extension_smem_bytes  # noqa: PLC0415
 
     return extension_smem_bytes(torch.cuda.get_device_capability(torch.device(device)))
 
@@ -268,19 +254,13 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     are redrawn in place between timed rounds (`refresh_queries`).
 
     Against the Triton baseline it times two dispatches in the same rounds: this device's and the
-    sm_120 path (`phase1_sm120`: `sm120_fn`, default `sm120_path`), each against FlashInfer FA2
+    sm_120 path (`sm120`: `sm120_fn`, default `sm120_path`), each against FlashInfer FA2
     (the sm_120 path also against FA2 built with sm_120's shared memory per SM) and the default
     against FA3; then the mma.sync ceiling (`mma_ceiling`: a callable returning its rows, default
     `kdtree.tools.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
     launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
-    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.kernels.flashinfer_peer import SM120_SMEM_PER_SM  # noqa: PLC0415
-    from kdtree.phases.phase1_sm120 import (  # noqa: PLC0415
-        PREFIX as SM120, add_mma_ceiling_figures, hold_smem, sm120_path, variants_by_config)
-    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
-    from kdtree.tools.roofline import Shape, floor_seconds  # noqa: PLC0415
-    from kdtree.tools.timing import measure_ceilings  # noqa: PLC0415
+    from kdtree.bench.timing import measure_ceilings  # noqa: PLC0415
 
     if baseline_name == "triton":
         from kdtree.kernels.triton_baseline import tree_verify_mla_triton as baseline_fn  # noqa: PLC0415
@@ -309,8 +289,8 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
                            others=others)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     if with_sm120:
-        from kdtree.phases.phase1_peers import add_peer_figures  # noqa: PLC0415
-        from kdtree.tools.roofline import floors  # noqa: PLC0415
+        from kdtree.bench.roofline import floors  # noqa: PLC0415
+        from kdtree.phases.phase1.peers import add_peer_figures  # noqa: PLC0415
 
         def tensor_bound(cfg) -> bool:
             byte_s, flop_s = floors(Shape(**cfg.params), bw, rate)
@@ -339,9 +319,6 @@ def check_speedup_naive(spec, ctx: GateContext) -> GateResult:
 def check_scatter(spec, ctx: GateContext) -> GateResult:
     """The kernel on scattered vs contiguous slots, same shapes, GPU time (`_gpu_timer`)
     interleaved; host enqueue time per layout in the details."""
-    from kdtree.gates.metric import check_metric  # noqa: PLC0415
-    from kdtree.kernels import tree_verify_mla  # noqa: PLC0415
-    from kdtree.tools.cases import case_args, uniform_case  # noqa: PLC0415
 
     pool = _Pool(8.0).tensor
     timer = _gpu_timer()
@@ -371,7 +348,6 @@ def check_scatter(spec, ctx: GateContext) -> GateResult:
 
 def check_sanitizer(spec, ctx: GateContext) -> GateResult:
     from kdtree.gates.sanitizer import check_sanitizer as run  # noqa: PLC0415
-    from kdtree.tools.sanitize_driver import DONE_MARKER  # noqa: PLC0415
 
     return run(spec, [sys.executable, "-m", "kdtree.tools.sanitize_driver"], ctx, require_marker=DONE_MARKER)
 

@@ -4,7 +4,7 @@ screened verify steps.
 Built on the engine's own seams: `kdtree.engine.register_backend` (the gate registers the
 candidate backend wrapped by `CountedBackend` under a name of its own), `generate` (its
 ``on_step`` marks step boundaries), and `kdtree.engine.speculative.Runner` (prefill and one
-verify step on trees the gate builds, `phase1_trees.decoy_tree`).
+verify step on trees the gate builds, `trees.decoy_tree`).
 
 `screened_step` is the run that makes small softmax-scale errors visible in tokens: on a model
 with a scale probe (`probe_model`, `kdtree.engine.weights.add_scale_probe`) it keeps the verify
@@ -26,6 +26,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import torch
+
+from kdtree.engine import KVPool, backends, get_backend
+from kdtree.engine.api import default_dtype
+from kdtree.engine.config import preset
+from kdtree.engine.metadata import verify_metadata
+from kdtree.engine.model import MLAModel
+from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.tree import TokenTree
+from kdtree.engine.weights import add_scale_probe, init_weights
+from kdtree.phases.phase1.trees import decoy_tree
+
 _names = itertools.count()
 
 
@@ -46,8 +58,6 @@ class CountedBackend:
     """Wraps an engine backend instance so that the op under test counts its calls (module docstring)."""
 
     def __init__(self, inner, op_under_test: Callable, log: CallLog):
-        import torch  # noqa: PLC0415
-
         self._inner, self._log, self._torch = inner, log, torch
         self._in_verify: Optional[list] = None
         self.name = getattr(inner, "name", "?")
@@ -90,7 +100,6 @@ class CountedBackend:
 def counted_backend(backend: str, op_under_test: Callable) -> tuple[str, CallLog]:
     """Register a fresh `CountedBackend` around ``get_backend(backend)`` under a new name; returns
     (that name, its call log)."""
-    from kdtree.engine import backends  # noqa: PLC0415
 
     log = CallLog()
     inst = CountedBackend(backends.get_backend(backend), op_under_test, log)
@@ -118,13 +127,7 @@ def decoy_step(model, backend: str, prompts: list[list[int]], greedy: list[list[
     """Prefill `prompts` (unless a prefilled ``pool`` is given: then a copy of it is used) and run
     one verify step on decoy trees whose paths are the greedy continuations; returns the result and
     the pool as it was after prefill (to share with another backend)."""
-    import torch  # noqa: PLC0415
 
-    from kdtree.engine import KVPool, get_backend  # noqa: PLC0415
-    from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
-    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
-    from kdtree.engine.tree import TokenTree  # noqa: PLC0415
-    from kdtree.phases.phase1_trees import decoy_tree  # noqa: PLC0415
 
     vocab = model.config.vocab_size
     trees = [decoy_tree(g[0], g[1: path_len + 1], vocab, random.Random(tree_seed + i)) for i, g in enumerate(greedy)]
@@ -166,7 +169,6 @@ def margin_report(candidate_logits, reference_logits, tie_margin: float | None =
     the rows whose margin is at least `tie_margin` (near-ties, `TokenExactGateSpec.tie_margin`, are
     left out; 0.0 when every row is one); with what explains it: the worst row's margin and drift,
     the narrowest margin and its drift, and how many rows were near-ties."""
-    import torch  # noqa: PLC0415
 
     top2 = reference_logits.float().topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1]).clamp_min(1e-12)
@@ -214,13 +216,9 @@ class DitheredAttention:
         return getattr(self._inner, item)
 
     def _uniform(self, shape, device):
-        import torch  # noqa: PLC0415
-
         return (torch.rand(shape, generator=self._gen, device=self._gen.device) * 2 - 1).to(device)
 
     def forward(self, q, kv_cache, meta, sm_scale):
-        import torch  # noqa: PLC0415
-
         if self.softmax_ulps > 0:
             from kdtree.engine.backends import dense_attention  # noqa: PLC0415
 
@@ -246,8 +244,6 @@ def random_tree(root: int, nodes: int, vocab: int, rng: random.Random) -> tuple[
 
 def tree_logits(model, backend, pool, prefix: list[list[int]], trees: list[tuple[list[int], list[int]]], slots):
     """fp32 logits [sum T_b, V] of one verify forward over `trees` (after `prefix` slots) through `backend`."""
-    from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
-    from kdtree.engine.speculative import Runner  # noqa: PLC0415
 
     sizes = [len(t[0]) for t in trees]
     starts = [sum(sizes[:b]) for b in range(len(trees))]
@@ -265,7 +261,6 @@ def tree_logits(model, backend, pool, prefix: list[list[int]], trees: list[tuple
 
 def margins_against(logits, winners):
     """Per row: logit of `winners[row]` minus the best other logit (< 0 where another token wins)."""
-    import torch  # noqa: PLC0415
 
     rows = torch.arange(logits.shape[0])
     win = logits[rows, winners]
@@ -278,10 +273,6 @@ def probe_model(device, probe_seed: int):
     """The gate's model for screened decisions: the engine's tiny circuit model (seed 0) with a
     softmax-scale probe drawn from `probe_seed` (`kdtree.engine.weights.add_scale_probe`), in the
     device's dtype (bf16 on CUDA)."""
-    from kdtree.engine.api import default_dtype  # noqa: PLC0415
-    from kdtree.engine.config import preset  # noqa: PLC0415
-    from kdtree.engine.model import MLAModel  # noqa: PLC0415
-    from kdtree.engine.weights import add_scale_probe, init_weights  # noqa: PLC0415
 
     model = MLAModel(preset("tiny"))
     init_weights(model, 0)
@@ -311,8 +302,6 @@ def screened_step(model, reference: str, candidate: str, prompts: list[list[int]
     over all nodes of the round); a kept node is sensitive to a drift when the drifted
     reference's token there differs from the reference's by a margin beyond the same multiple
     of the noise."""
-    from kdtree.engine import KVPool, get_backend  # noqa: PLC0415
-    from kdtree.engine.speculative import Request, Runner  # noqa: PLC0415
 
     nodes = screen.tree_nodes
     requests = [Request(i, list(p), 10 ** 9) for i, p in enumerate(prompts)]
@@ -345,7 +334,6 @@ def screened_step(model, reference: str, candidate: str, prompts: list[list[int]
 def _screen_round(model, ref, cand_backend, pool, prefix, trees, slots, screen, rng, labels, result) -> dict:
     """One screened verify forward set (see `screened_step`); adds its kept tokens and sensitive
     counts to `result`, returns the round's figures."""
-    import torch  # noqa: PLC0415
 
     def logits(backend):
         return tree_logits(model, backend, pool, prefix, trees, slots).cpu()

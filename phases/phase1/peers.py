@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from kdtree.bench import flashinfer_peer
 from kdtree.gates.base import Figure, GateContext, GateResult
 
 
@@ -34,9 +35,8 @@ def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, 
     ``{prefix}{label}_median_speedup``, ``_min_speedup`` and ``_min_speedup_tc`` (``label``:
     the backend's name unless given). ``others`` (name -> op) are timed in the same rounds and add
     ``{name}_{label}_*``. ``smem_per_sm``: FlashInfer built as a device with that much shared
-    memory per SM would build it (`kdtree.kernels.flashinfer_peer`)."""
+    memory per SM would build it (`kdtree.bench.flashinfer_peer`)."""
     from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
-    from kdtree.kernels import flashinfer_peer  # noqa: PLC0415
 
     label = label or backend
     key = prefix + label

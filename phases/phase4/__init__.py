@@ -1,0 +1,6 @@
+"""Phase 4 (defrag): ``SPEC`` (`spec`) and ``CHECKS``, each gate's check as a
+``"module:function"`` string into `checks`, imported only when the gate runs."""
+
+from kdtree.phases.phase4.spec import CHECKS, SPEC, TARGETS
+
+__all__ = ["CHECKS", "SPEC", "TARGETS"]
