@@ -1,5 +1,5 @@
 """Phase 1's comparison with FlashInfer's MLA kernels: FA2 (mma.sync, the sm_120-portable peer) and,
-on a Hopper device, FA3 (wgmma; issue 17's targets for our wgmma variant). The targets' figures.
+on a Hopper device, FA3 (wgmma; the peer of our wgmma variant). The targets' figures.
 
 FA2 takes a causal mask only, so both sides run the **chain** of each speed config: the same
 inputs, so the speed mechanism can check that they agree before timing counts, and our kernel's
@@ -7,8 +7,8 @@ time on a chain is its time on a tree of the same size (the mask is a few bit te
 ours on random trees and on chains differ by < 0.5 % over the 72-shape grid, plans/results/phase1/
 peers_grid.md). The figures ``<peer>_median_speedup`` / ``<peer>_min_speedup`` (peer time / ours)
 feed the speed gate's targets, and ``<peer>_min_speedup_tc`` the minimum over the tensor-core-bound
-configs only (FLOPs / matmul rate above bytes / copy bandwidth: issue 17's "every tensor-core-bound
-config"); where FlashInfer or the peer is unavailable (FA3 off Hopper) the gate's details say why and
+configs only (FLOPs / matmul rate above bytes / copy bandwidth: where wgmma, not the gather,
+decides the time); where FlashInfer or the peer is unavailable (FA3 off Hopper) the gate's details say why and
 the targets read "not measured".
 """
 

@@ -42,7 +42,7 @@ TREE_BUDGET = 64
 DECODE_RUNS = ((32768, 2), (131072, 1))  # (context, batch) of decode_speedup
 DECODE_NEW_TOKENS = 24
 # verify_speedup times the step's GPU time: each step is queued behind a GPU busy-wait this long,
-# longer than the eager step's host time (8-13 ms for dsv3-tp8's 8 layers on the H200's host),
+# longer than the eager step's host time (plans/0002, phase 2, gives it for dsv3-tp8's 8 layers),
 # so the Python enqueue of ~270 launches stays out of the figure, as in a CUDA-graph replay.
 STEP_LEAD_S = 0.03
 
