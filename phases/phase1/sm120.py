@@ -1,7 +1,7 @@
 """Phase 1's second dispatch: the path a compute capability 12.0 device takes, forced on this GPU.
 
-Since the Hopper wgmma variant took the default dispatch on 9.0, a record's default figures are
-the Hopper kernel's. The product exists for sm_120 (RTX PRO 6000: no wgmma, 101376 bytes of
+The Hopper wgmma variant is the default dispatch on 9.0, so a record's default figures are the
+Hopper kernel's. The product exists for sm_120 (RTX PRO 6000: no wgmma, 101376 bytes of
 shared memory per block), so the speed gate also times **the sm_120 path**: for each call, the
 variant `launch_plan.choose_variant` picks for capability 12.0 from the same shapes (base16 up to
 16 rows per request, ws above), launched through `cuda_op.launch(variant=...)` with this
