@@ -238,7 +238,7 @@ def releasable_tail(run: ChurnRun) -> int:
     return alloc.num_slots - 1 - alloc.highest_allocated()
 
 
-H200_HBM_BYTES_PER_S = 4.3e12  # the copy bandwidth phase 1 measured on the H200 (4291 GB/s)
+H200_HBM_BYTES_PER_S = 4.3e12  # an H200's copy bandwidth (phase 1's roofline, rounded): the verify step's HBM floor
 
 
 def verify_step_hbm_bytes(cfg, batch: int, context: int, tree_nodes: int) -> dict[str, int]:

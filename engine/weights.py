@@ -38,8 +38,8 @@ which the ``C - A`` readout multiplies by ``copy_vote``) and uneven splits betwe
 occurrences (k of n agreeing, k/n near 1/copy_vote). Measured on CPU (tiny, 3 x 32 prompts x 32
 tokens): the smallest top-1 vs top-2 margin is 6-18 bf16 ulps of the top logit (median ~115),
 and running the whole model in bf16 moves any step's margin by at most 1/8 of the smallest
-margin; on an H200, greedy decoding on the oracle and tree speculative decoding on the CUDA
-kernel, Triton and torch gave identical tokens (20 prompts x 32 tokens, budgets 16-512).
+margin, so greedy decoding on the oracle and tree speculative decoding on any correct kernel
+give the same tokens (on a GPU, phase 2's token_exact gate checks it).
 Quirks, all deterministic: position 0 counts as its own predecessor, and a key whose token
 repeats its predecessor copies nothing, so such occurrences yield the backbone token.
 

@@ -156,9 +156,9 @@ def _captured_allocations(stream, body) -> tuple[Optional[object], Optional[str]
 def _capture(fn, static_in, static_out, warmup: int):
     """(graph or None, error message or None, allocations ``fn`` made during capture, torch's own).
 
-    torch's capture machinery allocates by itself (2 allocations per capture on torch 2.11, seen on
-    the H200; likely the RNG's per-graph seed and offset), so a capture of an allocation-free body
-    is made just before and its count is subtracted.
+    torch's capture machinery allocates by itself (a few allocations per capture, likely the RNG's
+    per-graph seed and offset), so a capture of an allocation-free body is made just before and its
+    count is subtracted.
     """
     import torch  # noqa: PLC0415
 

@@ -13,8 +13,8 @@ event. What it measures depends on its two arguments:
   (a) streams through a preallocated buffer of ``flush_bytes`` (allocated once per timer on first
   use), so the call starts with a cold L2: by default by *reading* it (``flush_mode="read"``),
   which leaves the L2 holding clean lines, so the timed call pays no write-back of someone else's
-  dirty lines (``"write"`` zeroes it instead, as triton.testing.do_bench does; on the H200 that
-  made a 50 µs call ~4 µs slower), and (b) enqueues a GPU busy-wait (``torch.cuda._sleep``) of
+  dirty lines (``"write"`` zeroes it instead, as triton.testing.do_bench does, and the timed call then
+  pays for writing those zeroes back), and (b) enqueues a GPU busy-wait (``torch.cuda._sleep``) of
   ``lead_s``. The host then records start and enqueues fn while the GPU is still busy, so the
   events measure **GPU time of fn's work only**, L2 cold, as triton.testing.do_bench and
   FlashInfer's bench utilities do. This holds while fn's host part is shorter than the lead and

@@ -20,9 +20,9 @@ fraction of the reference's top-1 / top-2 margin there (``spec.max_margin_fracti
 margins are wide, so an error can move logits far without flipping a token yet).
 
 Near-ties. The reference is an fp64 oracle and the candidate a bf16 kernel: where the oracle's
-top-1 / top-2 margin is smaller than the kernel's rounding moves logits (measured on the H200:
-up to 0.025 logits for every variant, against margins of ~20 in the median), any correct kernel
-picks the runner-up about half the time. A `Stream` may carry the reference's margin and
+top-1 / top-2 margin is smaller than the kernel's rounding moves logits (a few hundredths of a
+logit, against margins that are usually far wider), any correct kernel picks the runner-up about
+half the time. A `Stream` may carry the reference's margin and
 runner-up at each token; with ``spec.tie_margin`` set, a first divergence to exactly the
 runner-up where the margin is below ``tie_margin`` is a *near-tie*: reported (details
 ``near_ties``, figure ``near_tie_prompts`` held to ``spec.max_near_tie_prompts``), not counted

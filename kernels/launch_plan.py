@@ -2,14 +2,14 @@
 
 Nothing here reads a tensor's values, so planning never synchronises the device and a call can
 be captured in a CUDA graph. The split count comes from a small cost model in units of one
-32-key tile processed by one CTA (about 1.1-1.5 us on the H200, whether the tile is bound by
-its 36 KB load or by its MMAs):
+32-key tile processed by one CTA (about the same time whether the tile is bound by its 36 KB
+load or by its MMAs):
 
     time(s) = waves(s) * (tiles per split + per-CTA overhead) + combine(s)
 
 where waves(s) = ceil(CTAs * s / (SMs * CTAs per SM)). Counting whole waves is the point: a grid
-of 136 one-CTA-per-SM blocks on 132 SMs takes two full tile sweeps, not 1.03 (measured on the
-H200: H64 T4 B1 L32k with 17 splits ran at half the rate of the same kernel on full waves).
+of 136 one-CTA-per-SM blocks on 132 SMs takes two full tile sweeps, not 1.03, so a split count
+that spills a few CTAs into a second wave runs at about half the rate of one that fills whole waves.
 
 `plan` / `plan_bucket` return a `LaunchPlan` for a device (or its `DeviceFacts`) that a caller
 holds and hands to ``cuda_op.launch(..., plan=...)``; `plan_launch` / `plan_for_bucket` are the
@@ -33,11 +33,9 @@ VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "wgmma": 4}  # name -> id of the 
 BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
 NEEDS_SM90 = {"ws"}  # bulk copy engine + mbarriers
 SM90A_ONLY = {"wgmma"}  # wgmma: built into sm_90a extensions only, which run on compute capability 9.0 only
-# Whether the Hopper variant takes the default dispatch on a 9.0 device (issue 17). On the H200 v2
-# runs the tensor-core-bound phase-1 shapes in 0.43-0.46 of the ws kernel's time. Its one token
-# divergence in phase 2 (runs b773c3 and a replay of seeds 1064539936, 1110497202) was an oracle
-# near-tie: margin 0.0104 logits, which ws moves by 0.024 and wgmma by 0.025 the other way; its
-# logit drift on phase 2's workload is ws's (median 0.018 both, `kdtree.tools.variant_audit`).
+# Whether the Hopper variant takes the default dispatch on a 9.0 device: it runs the tensor-core-bound
+# shapes in well under the ws kernel's time, and its logits drift from the oracle as much as ws's
+# (`kdtree.tools.variant_audit`); plans/0002 (kernel versions, v6.1) has the figures.
 HOPPER_WGMMA_DEFAULT = True
 WGMMA_MIN_ROWS = 64  # rows per request from which the default dispatch (when enabled) takes wgmma
 

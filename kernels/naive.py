@@ -16,7 +16,7 @@ from kdtree.kernels.contract import LATENT_DIM, allocate_outputs, validate
 from kdtree.kernels.masks import unpack_bool_rows
 
 # Score elements materialised at once; larger requests are processed in groups of tree nodes,
-# so the op fits cards with less memory than an H200 (the work per element is unchanged).
+# so the op fits cards with little memory (the work per element is unchanged).
 _MAX_SCORE_ELEMENTS = 1 << 30
 
 

@@ -14,8 +14,8 @@ namespace kdtree {
 // a CTA owns 128 value dims of one row; its four warps take every fourth split (a lane four
 // dims, so a warp reads 512 contiguous bytes per split) with kCombineUnroll loads in flight, and
 // meet in shared memory. The weights exp(lse_s - max) are computed once per CTA. One CTA per row
-// with one load in flight per thread was latency-bound: 28.6 us for 32 rows x 132 splits on the
-// H200 (ncu), against the main kernel's 21 us.
+// with one load in flight per thread is latency-bound: with many splits it took longer than the
+// main kernel.
 constexpr int kCombineThreads = 32 * KD_COMBINE_WARPS;  // KD_COMBINE_WARPS, KD_COMBINE_UNROLL: knobs.cuh
 constexpr int kCombineQuarters = kValueDim / 128;
 constexpr int kCombineUnroll = KD_COMBINE_UNROLL;

@@ -32,7 +32,7 @@
 // 2176 clocks of one SM's dense bf16 tensor rate (4096 FLOP/clk); bytes gathered 64 x 1152 =
 // 72 KiB, from L2 for all but the first of a request's row blocks (the row blocks of one request
 // read the same rows). Arithmetic intensity against the pool is 64 x 1088 x 2 / 1152 = 121 FLOP/B
-// per CTA, below the H200's ridge (788 TFLOP/s / 4.3 TB/s = 183 FLOP/B), so a request needs >= 2
+// per CTA, below a Hopper card's ridge (H200: 788 TFLOP/s / 4.3 TB/s = 183 FLOP/B), so a request needs >= 2
 // row blocks sharing rows through L2 to be tensor-core bound; with H x T >= 128 rows per request it
 // is, and the bound is then the tensor pipe (2176 clk/tile) plus what is not overlapped: warpgroup
 // 0's softmax between its QK and PV (~10-15 % of a tile) and shared-memory operand bandwidth (QK

@@ -1,7 +1,7 @@
 // MLA tree-verify attention, warp-specialised variant ("ws"): one producer warp gathers KV rows
 // with the bulk copy engine (cp.async.bulk, one 1152-byte row per lane, completing on an
-// mbarrier) into a ring (two stages of 32 keys; WS_BN / WS_STAGES = 16 / 4 measured 8 % slower on
-// the H200); two consumer groups of four warps each own 16 query rows and
+// mbarrier) into a ring (two stages of 32 keys; WS_BN / WS_STAGES select others, slower: more barriers
+// and softmax passes per MMA); two consumer groups of four warps each own 16 query rows and
 // run QK -> softmax -> PV on every tile with only group-local named barriers, so one group's
 // softmax overlaps the other's tensor-core work. Same tiling of the 576 dims as the base kernel
 // (four 144-dim QK slices per group, four 128-dim PV slices per group), same epilogue and split

@@ -1,5 +1,5 @@
 """Phase 1's comparison with FlashInfer's MLA kernels: FA2 (mma.sync, the sm_120-portable peer) and,
-on a Hopper device, FA3 (wgmma; issue 17's targets for our wgmma variant). The targets' figures.
+on a Hopper device, FA3 (wgmma; the peer of our wgmma variant). The targets' figures.
 
 FA2 takes a causal mask only, so both sides run the **chain** of each speed config: the same
 inputs, so the speed mechanism can check that they agree before timing counts, and our kernel's
@@ -7,8 +7,8 @@ time on a chain is its time on a tree of the same size (the mask is a few bit te
 ours on random trees and on chains differ by < 0.5 % over the 72-shape grid, plans/results/phase1/
 peers_grid.md). The figures ``<peer>_median_speedup`` / ``<peer>_min_speedup`` (peer time / ours)
 feed the speed gate's targets, and ``<peer>_min_speedup_tc`` the minimum over the tensor-core-bound
-configs only (FLOPs / matmul rate above bytes / copy bandwidth: issue 17's "every tensor-core-bound
-config"); where FlashInfer or the peer is unavailable (FA3 off Hopper) the gate's details say why and
+configs only (FLOPs / matmul rate above bytes / copy bandwidth: where wgmma, not the gather,
+decides the time); where FlashInfer or the peer is unavailable (FA3 off Hopper) the gate's details say why and
 the targets read "not measured".
 """
 
@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from kdtree.bench import flashinfer_peer
+from kdtree.gates import speedup as speedup_gate
 from kdtree.gates.base import Figure, GateContext, GateResult
+from kdtree.gates.speedup import SpeedConfig
 
 
 def _peer_figures(name: str, rows: list, by_name: dict, bound: set) -> list[Figure]:
@@ -36,8 +38,6 @@ def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, 
     the backend's name unless given). ``others`` (name -> op) are timed in the same rounds and add
     ``{name}_{label}_*``. ``smem_per_sm``: FlashInfer built as a device with that much shared
     memory per SM would build it (`kdtree.bench.flashinfer_peer`)."""
-    from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
-
     label = label or backend
     key = prefix + label
     reason = flashinfer_peer.unavailable_reason(backend, smem_per_sm=smem_per_sm)
@@ -62,7 +62,7 @@ def add_peer_figures(result: GateResult, spec, configs: list, ctx: GateContext, 
     others = dict(others or {})
     peer_spec = spec.model_copy(update={"min_median_speedup": 0.0, "min_each_speedup": 0.0})
     ctx.progress(f"timing FlashInfer {label.upper()} MLA (chain) against the kernel", None)
-    peer_result = check_speedup(peer_spec, [chained(c) for c in configs], call(op), lambda c: c["peer_call"](),
+    peer_result = speedup_gate.check_speedup(peer_spec, [chained(c) for c in configs], call(op), lambda c: c["peer_call"](),
                                 ctx, timer=timer, floor_s=floor_s,
                                 others={name: call(fn) for name, fn in others.items()})
     by_name = {f.name: f.value for f in peer_result.figures}

@@ -1,7 +1,7 @@
 """Phase 1's second dispatch: the path a compute capability 12.0 device takes, forced on this GPU.
 
-Since the Hopper wgmma variant took the default dispatch on 9.0, a record's default figures are
-the Hopper kernel's. The product exists for sm_120 (RTX PRO 6000: no wgmma, 101376 bytes of
+The Hopper wgmma variant is the default dispatch on 9.0, so a record's default figures are the
+Hopper kernel's. The product exists for sm_120 (RTX PRO 6000: no wgmma, 101376 bytes of
 shared memory per block), so the speed gate also times **the sm_120 path**: for each call, the
 variant `launch_plan.choose_variant` picks for capability 12.0 from the same shapes (base16 up to
 16 rows per request, ws above), launched through `cuda_op.launch(variant=...)` with this
@@ -25,6 +25,7 @@ from kdtree.gates.base import Figure, GateResult, Outcome
 from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records
 from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_name
+from kdtree.tools import mma_ceiling
 
 SM120_CAPABILITY = (12, 0)
 SM120_MAX_SHARED_BYTES = 101376  # sm_120's per-block shared memory (opt-in maximum)
@@ -94,7 +95,7 @@ def add_mma_ceiling_figures(result: GateResult, configs: list, bytes_per_s: floa
     path's median time. Where it cannot be measured the details say why (figures None)."""
 
     if measure is None:
-        from kdtree.tools.mma_ceiling import measure  # noqa: PLC0415
+        measure = mma_ceiling.measure
     info: dict[str, Any] = {}
     fractions: list[float] = []
     try:

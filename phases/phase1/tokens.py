@@ -220,10 +220,8 @@ class DitheredAttention:
 
     def forward(self, q, kv_cache, meta, sm_scale):
         if self.softmax_ulps > 0:
-            from kdtree.engine.backends import dense_attention  # noqa: PLC0415
-
             amp = self.softmax_ulps * 2.0 ** -8
-            out = dense_attention(q, kv_cache, meta, sm_scale,
+            out = backends.dense_attention(q, kv_cache, meta, sm_scale,
                                   probs_hook=lambda p: p * (1 + amp * self._uniform(p.shape, p.device)))
         else:
             out = self._inner.forward(q, kv_cache, meta, sm_scale)

@@ -25,8 +25,11 @@ from kdtree.engine.backends import get_backend
 from kdtree.engine.drafters import get_drafter
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.speculative import Request, Runner
+from kdtree.gates import accuracy as accuracy_gate, speedup as speedup_gate, token_exact as token_exact_gate
+from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.metric import check_metric
+from kdtree.gates.speedup import SpeedConfig
 from kdtree.gates.timing import cuda_event_timer, default_timer
 from kdtree.gates.token_exact import Stream
 from kdtree.integrations.sglang.converter import VerifyConverter
@@ -42,7 +45,7 @@ TREE_BUDGET = 64
 DECODE_RUNS = ((32768, 2), (131072, 1))  # (context, batch) of decode_speedup
 DECODE_NEW_TOKENS = 24
 # verify_speedup times the step's GPU time: each step is queued behind a GPU busy-wait this long,
-# longer than the eager step's host time (8-13 ms for dsv3-tp8's 8 layers on the H200's host),
+# longer than the eager step's host time (plans/0002, phase 2, gives it for dsv3-tp8's 8 layers),
 # so the Python enqueue of ~270 launches stays out of the figure, as in a CUDA-graph replay.
 STEP_LEAD_S = 0.03
 
@@ -75,8 +78,6 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
                       preset_name: str = "tiny-long", long_len: int = LONG_PROMPT_TOKENS, long_prompts: int = 2,
                       drafters=(("ddtree", 64), ("ngram", 16))) -> GateResult:
     """Tree speculative decoding on `backend` vs plain greedy decoding on the oracle backend."""
-    from kdtree.gates.token_exact import Stream, check_token_exact as run  # noqa: PLC0415
-
     model = shared_model(preset_name, device)
     prompts = token_exact_prompts(spec.min_prompts, long_prompts, long_len, model.config.vocab_size,
                                   ctx.fresh_seed())
@@ -94,7 +95,7 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
         streams += [Stream(f"p{i}", drafter, c, r, margins, runner_up) for i, (c, r, margins, runner_up)
                     in enumerate(zip(cand.tokens, ref.tokens, ref.margins, ref.runner_up))]
     streams += _decoy_streams(model, backend, prompts, ref.tokens, spec.max_new_tokens, ctx, details)
-    result = run(spec, streams, ctx)
+    result = token_exact_gate.check_token_exact(spec, streams, ctx)
     result.details.update(details)
     longest = max(map(len, prompts))
     return _hold(result, Figure(name="longest_prompt", value=longest, unit=" tokens", op=">=", threshold=long_len),
@@ -149,9 +150,6 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
     """The SGLang backend's verify path vs SGLang's real Triton kernel, on SGLang-format inputs with
     fresh random trees and lengths every trial. `reference(fx) -> out` replaces SGLang's kernel
     (the CPU tests use the fp64 layout oracle); `candidate_op` replaces the CUDA kernel."""
-
-    from kdtree.gates.accuracy import AccuracyCase, check_accuracy as run  # noqa: PLC0415
-
     release_device_memory()
     loaded = "a reference passed in"
     if reference is None:
@@ -163,7 +161,7 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
                               summary="skipped: sglang 0.5.23 is not importable on this machine")
         reference = lambda fx: sglang_triton_verify(fx, extend)  # noqa: E731
     if candidate_op is None:
-        from kdtree.kernels import tree_verify_mla as candidate_op  # noqa: PLC0415
+        candidate_op = tree_verify_mla
     dtypes = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
     converter = VerifyConverter(8, 8 * 128, 128, 8 * 40000, device)
 
@@ -199,7 +197,7 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
             result[:] = float("nan")  # non-finite padded rows fail the case
         outs["out"].copy_(result)
 
-    result = run(spec, [case(*c) for c in cases], candidate, oracle, ctx)
+    result = accuracy_gate.check_accuracy(spec, [case(*c) for c in cases], candidate, oracle, ctx)
     result.details["sglang_kernel_loaded_from"] = loaded
     return result
 
@@ -243,8 +241,6 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     Triton backend, interleaved in one process, at each context; step time broken down per backend.
     ``sm120`` names the backend of the sm_120 path, timed in the same rounds and reported as
     ``sm120_path_*`` ("default": `sm120_backend()`; None: not timed)."""
-    from kdtree.gates.speedup import SpeedConfig, check_speedup  # noqa: PLC0415
-
     model = shared_model(preset_name, device)
     cand_name, base_name = backends
     sm120_name = sm120_backend() if sm120 == "default" else sm120
@@ -273,7 +269,7 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     for cfg in configs:  # one config per check_speedup call: its pool is freed before the next
         ctx.progress(f"verify step {cfg.name}", None)
         timer = cuda_event_timer(lead_s=STEP_LEAD_S) if str(device).startswith("cuda") else default_timer(device)
-        res = check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx, timer=timer,
+        res = speedup_gate.check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx, timer=timer,
                             others=others)
         if setups:
             after_each(cfg.params["L"], next(iter(setups.values())))

@@ -46,8 +46,9 @@ SPEC = PhaseSpec(
                         "== plain greedy decoding on the oracle backend, bf16, 16 prompts of which 2 have "
                         ">= 32768 tokens (figure longest_prompt >= 32768); first divergence reported. A flip "
                         "to the oracle's runner-up where its top-1/top-2 margin is < 0.1 logits is a near-tie "
-                        "(bf16 rounding moves that margin by up to 0.025 on the H200, ws and wgmma alike; "
-                        "median margin ~20), reported and allowed in at most 1 prompt"),
+                        "(bf16 rounding moves a margin by a few hundredths of a logit, far below the "
+                        "median margin, so any correct kernel picks the runner-up there about half the "
+                        "time), reported and allowed in at most 1 prompt"),
         AccuracyGateSpec(
             name="sglang_parity", requires=["cuda", "triton"], trials=3, max_rel_l2=1e-2, max_abs=5e-2,
             check_lse=False,

@@ -23,15 +23,20 @@ from kdtree.bench.defrag_measure import (
     upload_seconds, verify_step_hbm_bytes,
 )
 from kdtree.bench.spec_churn import Arrival, serve
+from kdtree.bench.timing import LEAD_S
 from kdtree.engine import ModelConfig, build_model
 from kdtree.engine.config import preset
 from kdtree.engine.relocation import Relocator
 from kdtree.engine.run_metadata import expand_runs, indices_metadata_bytes, runs_metadata_bytes
 from kdtree.gates.base import GateContext, GateResult
 from kdtree.gates.metric import check_metric
-from kdtree.gates.timing import gpu_cycles_per_s, perf_counter_timer, sleep_cycles
+from kdtree.gates.timing import (
+    cuda_event_timer, gpu_cycles_per_s, l2_flush_bytes, perf_counter_timer, sleep_cycles,
+)
 from kdtree.kernels import tree_verify_mla
+from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.masks import pack_tree_masks
+from kdtree.kernels.runs import runs_from_run_lists
 from kdtree.phases.models import SPEED_PRESET
 
 # Sizes: (full, quick). The full ones are what the issue asks for (a 1M-slot pool, hundreds of
@@ -311,9 +316,6 @@ def check_no_slowdown(spec, ctx: GateContext, kernel_fn=None, layers: int = STEP
     runs_paths = kernel_fn is _owned_kernel() and device.type == "cuda"
     runs_identical = 1.0
     if runs_paths:
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-        from kdtree.kernels.runs import runs_from_run_lists  # noqa: PLC0415
-
         for m, c in cases.items():
             kv_runs = runs_from_run_lists(run_lists[m], device)
             args = (c["q"], c["kv_cache"], c["qo_indptr"], c["kv_indptr"], None, c["tree_mask"], c["sm_scale"])
@@ -400,9 +402,6 @@ def _owned_kernel():
 
 def _timer(device):
     if device.type == "cuda":
-        from kdtree.bench.timing import LEAD_S  # noqa: PLC0415
-        from kdtree.gates.timing import cuda_event_timer, l2_flush_bytes  # noqa: PLC0415
-
         return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
 
     return perf_counter_timer

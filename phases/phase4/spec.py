@@ -4,9 +4,9 @@ Tier 0 (`kdtree.engine.allocator.SortedRunAllocator`) keeps free slots as sorted
 allocation from the lowest run that fits and grows a request's last run in place. Tier 1
 (`kdtree.engine.relocation.Relocator`) moves live KV between steps under a per-step copy budget,
 rewriting every holder of slot ids (req_to_token, a draft model's pool, a prefix cache's nodes)
-with the copy, and never touching a slot a running or captured step can read (pins). docs/design.md section 3b
-measured that scattered slots cost attention ~1 % on the H200, so the gates do not claim
-bandwidth: they prove defrag loses nothing and slows nothing, and measure what contiguity buys
+with the copy, and never touching a slot a running or captured step can read (pins). Scattered
+slots cost attention next to nothing (phase 1's `scatter` gate, docs/design.md section 3b), so the
+gates do not claim bandwidth: they prove defrag loses nothing and slows nothing, and measure what contiguity buys
 (the `benefit` gate), including where it buys nothing.
 
 The checks live in `checks`. `TARGETS` holds the issue's targets (best in the field, never
@@ -89,8 +89,8 @@ SPEC = PhaseSpec(
     ],
 )
 
-# The issue's targets (issue 16), by gate and figure: recorded, never blocking. For the lead to plug
-# into the gate specs' general `targets` field once gates/spec.py has it.
+# The targets (best in the field), by gate and figure: recorded, never blocking; set on the gates'
+# `targets` field below.
 TARGETS: dict[str, list[tuple[str, str, float]]] = {
     "integrity": [("kv_bytes_changed", "==", 0.0)],
     "token_exact": [("exact_fraction", ">=", 1.0)],
