@@ -143,3 +143,14 @@ def _bind_cuda(case):
     peer = flashmla_peer.FlashMLADecode()
     return peer.bind(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
                      case["sm_scale"])
+
+
+def test_the_peers_tool_summarises_flashmla_beside_flashinfer():
+    from kdtree.tools.peers import markdown
+
+    facts = {"device": "fake", "torch": "x", "flashinfer": "absent", "bw": 3e12, "rate": 7e14, "argv": "peers --flashmla",
+             "flash_mla": "1.0.0"}
+    rows = [{"shape": s, "floor_ms": 0.1, "ours_tree_ms": 0.2, "ours_tree_roofline": 0.5, "flashmla_ms": r * 0.2,
+             "flashmla_over_ours_tree": r} for s, r in (("a", 0.9), ("b", 1.3), ("c", 1.1))]
+    text = markdown(rows, facts)
+    assert "FlashMLA dense decode time / ours (tree): median 1.100, min 0.900 (flash_mla 1.0.0)" in text
