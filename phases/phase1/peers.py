@@ -114,8 +114,9 @@ def add_flashmla_figures(result: GateResult, spec, configs: list, ctx: GateConte
     ``flashmla_min_speedup`` and ``flashmla_min_speedup_tc`` (FlashMLA time / ours), reported.
     Each input set's first FlashMLA output is held against the fp64 oracle on the chain (rel-L2
     <= ``spec.agree_max_rel_l2``) before its time can count: one that is not gives NaN from then
-    on, so the gate marks that config disagreeing and leaves its time out. Where FlashMLA does not
-    load, the figures are not measured and the details say why."""
+    on, so the gate marks that config disagreeing and leaves its time out; so does a config whose
+    call FlashMLA refuses (details' ``refused``). Where FlashMLA does not load, or fails on every
+    config in a way the pass cannot survive, the figures are not measured and the details say why."""
     reason = flashmla_peer.unavailable_reason()
     if reason is not None:
         result.details[FLASHMLA] = f"not measured: FlashMLA's dense decode not loaded here ({reason})"
@@ -123,10 +124,19 @@ def add_flashmla_figures(result: GateResult, spec, configs: list, ctx: GateConte
     peer = flashmla_peer.FlashMLADecode()
     oracle_errors: dict[str, list] = {}
 
+    refused: dict[str, str] = {}
+
     def bind(cfg: SpeedConfig, case: dict) -> Callable:
-        call = peer.bind(case["q"], case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
-                         case["sm_scale"])
-        err = flashmla_peer.oracle_rel_l2(call(), case)
+        q = case["q"]
+        try:
+            call = peer.bind(q, case["kv_cache"], case["qo_indptr"], case["kv_indptr"], case["kv_indices"],
+                             case["sm_scale"])
+            got = call()
+        except (RuntimeError, ValueError, AssertionError) as exc:  # a shape it refuses: that config only
+            refused[cfg.name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return lambda: torch.full((q.shape[0], q.shape[1], flashmla_peer.HEAD_DIM_V), math.nan,
+                                      dtype=q.dtype, device=q.device)
+        err = flashmla_peer.oracle_rel_l2(got, case)
         oracle_errors.setdefault(cfg.name, []).append(err if math.isfinite(err) else None)
         if not err <= spec.agree_max_rel_l2:
             return lambda: torch.full_like(call(), math.nan)
@@ -141,5 +151,6 @@ def add_flashmla_figures(result: GateResult, spec, configs: list, ctx: GateConte
         return
     result.details[FLASHMLA] = {"flash_mla": flashmla_peer.version(), "page_size": flashmla_peer.PAGE_SIZE,
                                 "outcome": peer_result.outcome.value, "summary": peer_result.summary,
-                                "oracle_rel_l2": oracle_errors, "tensor_bound_configs": sorted(bound),
+                                "oracle_rel_l2": oracle_errors, "refused": refused,
+                                "tensor_bound_configs": sorted(bound),
                                 "configs": rows}

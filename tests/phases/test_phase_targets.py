@@ -80,7 +80,7 @@ def test_flashmla_comparison_says_why_it_measured_nothing_where_it_does_not_load
     assert result.outcome is Outcome.PASSED
 
 
-def test_a_flashmla_that_loads_but_fails_to_run_leaves_its_figures_unmeasured(monkeypatch):
+def test_a_flashmla_that_loads_but_refuses_a_shape_leaves_its_figures_unmeasured(monkeypatch):
     from types import SimpleNamespace
 
     from kdtree.bench import flashmla_peer
@@ -100,6 +100,8 @@ def test_a_flashmla_that_loads_but_fails_to_run_leaves_its_figures_unmeasured(mo
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
     add_flashmla_figures(result, spec, [config], GateContext(device="cpu"),
                          op=lambda *a, out=None, lse=None: tree_verify_mla_naive(*a), timer=None, floor_s=None)
-    assert "loaded but failed here" in result.details["flashmla"] and "no kernel image" in result.details["flashmla"]
-    assert not [f for f in result.figures if f.name.startswith("flashmla")]
+    details = result.details["flashmla"]
+    assert "no kernel image" in details["refused"]["tiny"] and details["configs"][0]["status"] == "disagree"
+    assert {f.name: f.value for f in result.figures if f.name.startswith("flashmla")} == {
+        "flashmla_median_speedup": None, "flashmla_min_speedup": None, "flashmla_min_speedup_tc": None}
     assert result.outcome is Outcome.PASSED
