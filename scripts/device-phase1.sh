@@ -6,7 +6,8 @@
 # With .peers-carry, the speed gate times both dispatches (this GPU's and the sm_120 path) against
 # FlashInfer FA2 as built here, FA2 built as on sm_120 (102400 B per SM: a second JIT module in the
 # same process, kdtree.bench.flashinfer_peer) and FA3, then measures the mma.sync ceiling; the
-# first run on a fresh machine also JIT-builds the three FlashInfer modules (MAX_JOBS=16).
+# first run on a fresh machine also JIT-builds the three FlashInfer modules (MAX_JOBS=16); with the
+# sgl-flash-mla wheel there too, the default dispatch against FlashMLA's dense decode (reported).
 # Without it, FlashInfer's targets read "not measured".
 set -u
 source "$(dirname "$0")/device-env.sh"
@@ -16,6 +17,11 @@ if [ -d "$_carry" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi-tvm "$_carry"/apache_tvm_ffi-*.whl
   python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-site')"
   export PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$PYTHONPATH" MAX_JOBS=16 FLASHINFER_JIT_VERBOSE=0
+  if ls "$_carry"/sgl_flash_mla-*.whl >/dev/null 2>&1; then  # FlashMLA: phase 1's second Hopper peer
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fmla-site "$_carry"/sgl_flash_mla-*.whl
+    export PYTHONPATH="/tmp/fmla-site:$PYTHONPATH"
+    python3 -c "from kdtree.bench import flashmla_peer as p; print('flashmla:', p.unavailable_reason() or 'loads')"
+  fi
 else
   echo "no .peers-carry: FlashInfer's targets will read 'not measured'"
 fi

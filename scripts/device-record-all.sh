@@ -29,6 +29,12 @@ case "$WHICH" in
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi-tvm "$_carry"/apache_tvm_ffi-*.whl
       python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-site')"
       export PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$PYTHONPATH" MAX_JOBS=16
+      if ls "$_carry"/sgl_flash_mla-*.whl >/dev/null 2>&1; then  # FlashMLA: phase 1's second Hopper peer
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fmla-site "$_carry"/sgl_flash_mla-*.whl
+        export PYTHONPATH="/tmp/fmla-site:$PYTHONPATH"
+        python3 -c "from kdtree.bench import flashmla_peer as p; print('flashmla:', p.unavailable_reason() or 'loads')" \
+        | tee -a "$OUT/records.log"
+      fi
     else
       echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
     fi

@@ -5,15 +5,14 @@
 #                  (~39 MB); with KIT=1 also what SGLang's attention test kit imports (pyzmq,
 #                  loguru, openai, ipython, ...; ~9 MB).
 #   .peers-carry/  with PEERS=1: flashinfer-trim.zip (FlashInfer 0.7.2.post1 without the CUDA
-#                  sources its MLA path does not build) and the apache-tvm-ffi 0.1.15 wheel.
+#                  sources its MLA path does not build) and the apache-tvm-ffi 0.1.15 wheel; the
+#                  sgl-flash-mla 1.0.0 wheel (FlashMLA's kernels, ~9.5 MB: its dense decode is
+#                  phase 1's second Hopper peer, kdtree.bench.flashmla_peer).
 # A device call carries 64 MiB at most: .whl + .whl-sglang (phases 2, 3) or .whl + .peers-carry
 # (phase 1 with its FlashInfer peers); `du -sh .whl*` tells.
 #   SGLANG=1 KIT=1 PEERS=1 bash scripts/fetch-device-kit.sh
 set -eu
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
-grep -qx '/.whl-sglang/' .git/info/exclude 2>/dev/null || echo /.whl-sglang/ >> .git/info/exclude
-grep -qx '/.peers-carry/' .git/info/exclude 2>/dev/null || echo /.peers-carry/ >> .git/info/exclude
 fetch() {  # fetch DIR NAME==VERSION ...
   local dir=$1; shift
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -42,6 +41,10 @@ if [ "${PEERS:-0}" = 1 ]; then
   mkdir -p .peers-carry /tmp/fi-dl
   fetch /tmp/fi-dl flashinfer-python==0.7.2.post1
   fetch .peers-carry apache-tvm-ffi==0.1.15
+  # abi3 wheel (cp310-abi3): fetched as any CPython >= 3.10 takes it; import flash_mla loads both
+  # of its .so files (_loader.py), so the whole wheel is carried
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --abi abi3 --platform manylinux2014_x86_64 -d .peers-carry sgl-flash-mla==1.0.0
   python3 - <<'PY'
 import glob, re, zipfile
 src = glob.glob("/tmp/fi-dl/flashinfer_python-0.7.2.post1-*.whl")[0]
@@ -58,3 +61,12 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(".peers-carry/flashinfer-trim.
 PY
 fi
 du -sh .whl .whl-sglang .peers-carry 2>/dev/null || true
+# one device call carries 64 MiB: say so here when .whl and .peers-carry together do not fit
+if [ -d .peers-carry ]; then
+  _kib=$(du -sk .whl .peers-carry | awk '{s += $1} END {print s}')
+  if [ "$_kib" -gt $((64 * 1024)) ]; then
+    echo "WARNING: .whl + .peers-carry = ${_kib} KiB, over a device call's 64 MiB" >&2
+  else
+    echo ".whl + .peers-carry = ${_kib} KiB of a device call's 65536"
+  fi
+fi

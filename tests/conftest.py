@@ -29,3 +29,52 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_flash_mla(monkeypatch):
+    """``install(wrong=False)`` puts a CPU stand-in for the ``flash_mla`` module (sgl-flash-mla
+    1.0.0's API: get_mla_metadata, flash_mla_with_kvcache with use_legacy=True for dense decode,
+    has_legacy) into sys.modules: causal attention over the paged cache in fp32 torch, holding the
+    call to the layout FlashMLA documents. ``wrong=True`` returns 1.5x the right output.
+    Returns the module; its ``calls`` counts the decode calls."""
+    import sys
+    import types
+
+    import torch
+
+    def install(wrong: bool = False):
+        module = types.ModuleType("flash_mla")
+        module.__version__ = "1.0.0"
+        module.calls = 0
+
+        def get_mla_metadata(*args, **kwargs):
+            return types.SimpleNamespace(tile_scheduler_metadata=None, num_splits=None), None
+
+        def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                   num_splits=None, softmax_scale=None, causal=False, use_legacy=False, **kwargs):
+            assert use_legacy and causal and head_dim_v == 512 and num_splits is None
+            assert q.dim() == 4 and q.shape[-1] == 576 and q.dtype == torch.bfloat16
+            assert k_cache.dim() == 4 and k_cache.shape[1] == 64 and k_cache.shape[2] == 1 and k_cache.shape[3] == 576
+            assert block_table.dtype == torch.int32 and cache_seqlens.dtype == torch.int32
+            module.calls += 1
+            B, T, H, _ = q.shape
+            out = torch.empty(B, T, H, 512, dtype=q.dtype)
+            lse = torch.empty(B, H, T, dtype=torch.float32)
+            for b in range(B):
+                n = int(cache_seqlens[b])
+                keys = k_cache[block_table[b].long()].reshape(-1, 576)[:n].float()
+                scores = torch.einsum("thd,nd->thn", q[b].float(), keys) * softmax_scale
+                visible = torch.arange(n)[None, :] <= (n - T + torch.arange(T))[:, None]
+                scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+                lse[b] = torch.logsumexp(scores, -1).transpose(0, 1)
+                out[b] = (torch.softmax(scores, -1) @ keys[:, :512] * (1.5 if wrong else 1.0)).to(q.dtype)
+            return out, lse
+
+        module.get_mla_metadata = get_mla_metadata
+        module.flash_mla_with_kvcache = flash_mla_with_kvcache
+        module.has_legacy = lambda: True
+        monkeypatch.setitem(sys.modules, "flash_mla", module)
+        return module
+
+    return install

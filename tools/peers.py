@@ -6,6 +6,10 @@ each call queued behind an L2 wipe and a busy-wait (the benchmark's timer). Writ
 markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up FlashInfer).
 
     python3 -m kdtree.tools.peers [--out DIR] [--shapes issue|grid|quick] [--backends fa2,fa3] [--variant wgmma]
+                                  [--flashmla]
+
+``--flashmla`` also times FlashMLA's dense decode (`kdtree.bench.flashmla_peer`: the sgl-flash-mla
+1.0.0 wheel, causal chain, 64-token pages), held to ours on the chain like the FlashInfer peers.
 
 ``--variant`` forces our kernel's variant (`kdtree.kernels.cuda_op.launch`), e.g. the Hopper
 wgmma variant while the default dispatch does not pick it yet.
@@ -26,7 +30,7 @@ from types import SimpleNamespace
 import click
 import torch
 
-from kdtree.bench import flashinfer_peer
+from kdtree.bench import flashinfer_peer, flashmla_peer
 from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
 from kdtree.bench.roofline import Shape, floor_seconds, grid
 from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
@@ -110,6 +114,10 @@ def markdown(rows: list[dict], facts: dict) -> str:
     ratios3 = [r["fa3_over_ours_tree"] for r in rows if "fa3_over_ours_tree" in r]
     if ratios3:
         lines.append(f"FA3 time / ours (tree): median {statistics.median(ratios3):.3f}, min {min(ratios3):.3f}")
+    mla = [r["flashmla_over_ours_tree"] for r in rows if "flashmla_over_ours_tree" in r]
+    if mla:
+        lines.append(f"FlashMLA dense decode time / ours (tree): median {statistics.median(mla):.3f}, "
+                     f"min {min(mla):.3f} (flash_mla {facts.get('flash_mla')})")
     roof = [r["ours_tree_roofline"] for r in rows if "ours_tree_roofline" in r]
     lines.append(f"ours roofline fraction: median {statistics.median(roof):.3f}, min {min(roof):.3f}")
     return "\n".join(lines) + "\n"
@@ -126,6 +134,7 @@ def markdown(rows: list[dict], facts: dict) -> str:
               help="comma-separated FlashInfer backends to time (fa2,fa3)")
 @click.option("--tag", default="", help="suffix of the output files (e.g. sm120smem)")
 @click.option("--variant", default=None, help="force our kernel's variant (launch_plan.VARIANTS, e.g. wgmma)")
+@click.option("--flashmla", is_flag=True, help="also time FlashMLA's dense decode (sgl-flash-mla 1.0.0 on sys.path)")
 @common_options
 def command(**options) -> int:
     args = SimpleNamespace(**options)
@@ -147,12 +156,19 @@ def command(**options) -> int:
         t0 = time.time()
         peers[name] = flashinfer_peer.FlashInferMLA(name)
         print(f"{name}: loaded in {time.time() - t0:.1f}s", flush=True)
+    if args.flashmla:
+        reason = flashmla_peer.unavailable_reason()
+        if reason:
+            print(f"flashmla: not loaded: {reason}", flush=True)
+        else:
+            peers["flashmla"] = flashmla_peer.FlashMLADecode()
+            print(f"flashmla: loaded flash_mla {flashmla_peer.version()}", flush=True)
     bw, rate = measure_ceilings()
     pool = make_pool(pool_slots_for(args.pool_gb))
     timer = gpu_timer()
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                 flashinfer=flashinfer_peer.version() + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
-                 variant=args.variant or "dispatch",
+                 flashinfer=(flashinfer_peer.version() or "absent") + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
+                 variant=args.variant or "dispatch", flash_mla=flashmla_peer.version() if args.flashmla else None,
                  argv=" ".join(["python -m kdtree.tools.peers"] + argv))
     rows, started = [], time.time()
     for i, shape in enumerate(shapes_for(args.shapes)):

@@ -35,7 +35,7 @@ from kdtree.kernels.jit import compile_arch
 from kdtree.kernels.naive import tree_verify_mla_naive
 from kdtree.phases.phase1.cases import dominant_key_case, row_scale
 from kdtree.phases.phase1.coverage import accuracy_cases as coverage, device_variants
-from kdtree.phases.phase1.peers import add_peer_figures
+from kdtree.phases.phase1.peers import add_flashmla_figures, add_peer_figures
 from kdtree.phases.phase1.sm120 import (
     PREFIX as SM120, add_mma_ceiling_figures, extension_smem_bytes, hold_smem, sm120_path, variants_by_config,
 )
@@ -259,7 +259,8 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     (the sm_120 path also against FA2 built with sm_120's shared memory per SM) and the default
     against FA3; then the mma.sync ceiling (`mma_ceiling`: a callable returning its rows, default
     `kdtree.tools.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
-    launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records)."""
+    launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records); last
+    the default against FlashMLA's dense decode (`peers.add_flashmla_figures`, reported)."""
     # looked up at call time, so a test may patch the baseline on its module
     baseline_fn = triton_baseline.tree_verify_mla_triton if baseline_name == "triton" else tree_verify_mla_naive
     sm120_op = sm120_fn or sm120_path
@@ -298,6 +299,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
         ctx.progress("measuring the mma.sync ceiling", None)
         add_mma_ceiling_figures(result, configs, bw, measure=mma_ceiling)
         hold_smem(result, variants_by_config(configs), smem_of(ctx.device))
+        add_flashmla_figures(result, spec, configs, ctx, op, timer, floor_s, tensor_bound)
     return result
 
 

@@ -127,7 +127,9 @@ SPEC = PhaseSpec(
                         "FlashInfer FA2 as built for this GPU (sm120_path_fa2_*) and its fraction of the "
                         "mma.sync ceiling measured in the same run (sm120_path_median_mma_ceiling) are "
                         "reported, its ratios to FA2 built with sm_120's shared memory and to Triton are "
-                        "targets"),
+                        "targets. The default dispatch is also timed against FlashMLA's dense decode "
+                        "(sgl-flash-mla 1.0.0, causal chain, 64-token pages, held to the fp64 oracle "
+                        "first; flashmla_*, reported, not measured where it does not load)"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
             min_median_speedup=1.5, min_each_speedup=1.0, trials=3,

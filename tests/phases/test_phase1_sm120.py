@@ -1,4 +1,5 @@
-"""Phase 1's speed gate times two dispatches: this device's and the sm_120 path (issue 30).
+"""Phase 1's speed gate times two dispatches: this device's and the sm_120 path (issue 30), and
+reports the default against FlashMLA's dense decode where it loads.
 
 CPU: the gate run end to end with the op contract's CPU oracle standing in for every timed callable
 (kernel, sm_120 path, Triton baseline, FlashInfer peers), a fake mma.sync ceiling and fake
@@ -13,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree.bench import flashinfer_peer
+from kdtree.bench import flashinfer_peer, flashmla_peer
 from kdtree.bench import timing as tools_timing
 from kdtree.gates.base import GateContext, GateResult, Outcome, run_check
 from kdtree.kernels.launch_plan import choose_variant, variant_name
@@ -38,8 +39,10 @@ def _oracle(*args, out=None, lse=None):  # every timed callable's CPU stand-in (
 
 # The timed callables declare what a call "costs"; the gate's timer returns it (perf_counter on a
 # shared CPU would make the ratios noise). Costs in seconds: the default dispatch 1 ms, the sm_120
-# path 1.5 ms, Triton 20 ms, FA2 as built for Hopper 1.2 ms, FA2 with sm_120's shared memory 3 ms, FA3 0.9 ms.
-COSTS = {"default": 1e-3, "sm120": 1.5e-3, "triton": 20e-3, "fa2": 1.2e-3, "fa2_smem": 3e-3, "fa3": 0.9e-3}
+# path 1.5 ms, Triton 20 ms, FA2 as built for Hopper 1.2 ms, FA2 with sm_120's shared memory 3 ms, FA3 0.9 ms,
+# FlashMLA's dense decode 1.1 ms.
+COSTS = {"default": 1e-3, "sm120": 1.5e-3, "triton": 20e-3, "fa2": 1.2e-3, "fa2_smem": 3e-3, "fa3": 0.9e-3,
+         "flashmla": 1.1e-3}
 _last = {"cost": None}
 
 
@@ -112,6 +115,27 @@ def cpu_gate(monkeypatch):
 
     run.calls = calls
     run.spec = spec
+    return run
+
+
+@pytest.fixture
+def flashmla_gate(cpu_gate, monkeypatch, fake_flash_mla):
+    """cpu_gate with FlashMLA loaded: the ``fake_flash_mla`` stand-in (right, or 1.5x the right
+    output with ``wrong=True``), its calls costed at 1.1 ms."""
+
+    class Costed(flashmla_peer.FlashMLADecode):
+        def bind(self, *args):
+            return _costed(super().bind(*args), "flashmla")
+
+    def run(wrong=False):
+        module = fake_flash_mla(wrong=wrong)
+        monkeypatch.setattr(flashmla_peer, "unavailable_reason", lambda device=None: None)
+        monkeypatch.setattr(flashmla_peer, "FlashMLADecode", Costed)
+        result = cpu_gate()
+        run.calls = module.calls
+        return result
+
+    run.spec = cpu_gate.spec
     return run
 
 
@@ -241,3 +265,31 @@ def test_the_sm120_path_matches_the_default_dispatch_on_the_gpu():
         assert float((got.double() - want.double()).norm() / want.double().norm()) < 1e-2
     smem = phase1_checks._device_smem("cuda")
     assert smem["ws"] <= phase1_sm120.SM120_MAX_SHARED_BYTES and smem["base16"] <= phase1_sm120.SM120_MAX_SHARED_BYTES
+
+
+def test_flashmla_is_timed_against_the_default_dispatch_and_reported(flashmla_gate):
+    result = flashmla_gate()
+    assert result.outcome is Outcome.PASSED, result.summary
+    figs = _figures(result)
+    assert flashmla_gate.calls > 0
+    assert figs["flashmla_median_speedup"] == pytest.approx(1.1)
+    assert figs["flashmla_min_speedup"] == pytest.approx(1.1)
+    assert figs["flashmla_min_speedup_tc"] == pytest.approx(1.1)  # every config tensor-core bound here
+    details = result.details["flashmla"]
+    assert details["page_size"] == 64 and details["outcome"] == "passed"
+    errors = details["oracle_rel_l2"]  # every input set's output held to the fp64 oracle on the chain
+    assert sorted(errors) == ["H2 T4 B1 L0k", "H3 T20 B2 L0k"]
+    assert all(e is not None and e < 1e-2 for errs in errors.values() for e in errs)
+    assert all(len(errs) == flashmla_gate.spec.trials for errs in errors.values())
+    assert not [t for t in flashmla_gate.spec.targets if t.figure.startswith("flashmla")]  # reported only
+
+
+def test_a_wrong_flashmla_output_never_counts_and_never_fails_the_gate(flashmla_gate):
+    result = flashmla_gate(wrong=True)
+    assert result.outcome is Outcome.PASSED, result.summary
+    figs = _figures(result)
+    assert figs["flashmla_median_speedup"] is None and figs["flashmla_min_speedup_tc"] is None
+    assert figs["median_speedup"] == pytest.approx(20.0)  # the gate's own figures untouched
+    details = result.details["flashmla"]
+    assert all(e is not None and e > 0.3 for errs in details["oracle_rel_l2"].values() for e in errs)
+    assert {r["status"] for r in details["configs"]} == {"disagree"}

@@ -63,3 +63,45 @@ def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(
     figs = {f.name: f.value for f in result.figures}
     assert figs == {"fa3_median_speedup": 0.9, "fa3_min_speedup": 0.6, "fa3_min_speedup_tc": 0.9}
     assert result.details["fa3"]["tensor_bound_configs"] == ["big", "bigger"]
+
+
+def test_flashmla_comparison_says_why_it_measured_nothing_where_it_does_not_load(monkeypatch):
+    from kdtree.bench import flashmla_peer
+    from kdtree.phases.phase1.peers import add_flashmla_figures
+
+    monkeypatch.setattr(flashmla_peer, "unavailable_reason",
+                        lambda device=None: "import flash_mla failed: OSError: undefined symbol: x")
+    result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
+    add_flashmla_figures(result, phase1.SPEC.gate("speedup"), [], GateContext(device="cpu"),
+                         op=None, timer=None, floor_s=None)
+    assert result.details["flashmla"].startswith("not measured: FlashMLA's dense decode not loaded here")
+    assert "undefined symbol: x" in result.details["flashmla"]
+    assert not [f for f in result.figures if f.name.startswith("flashmla")]
+    assert result.outcome is Outcome.PASSED
+
+
+def test_a_flashmla_that_loads_but_refuses_a_shape_leaves_its_figures_unmeasured(monkeypatch):
+    from types import SimpleNamespace
+
+    from kdtree.bench import flashmla_peer
+    from kdtree.bench.cases import make_case
+    from kdtree.gates.speedup import SpeedConfig
+    from kdtree.kernels.naive import tree_verify_mla_naive
+    from kdtree.phases.phase1.peers import add_flashmla_figures
+
+    def refuse(*args):
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(flashmla_peer, "unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(flashmla_peer, "FlashMLADecode", lambda: SimpleNamespace(bind=refuse))
+    config = SpeedConfig(name="tiny", params={}, make_inputs=lambda seed, device: make_case(2, [(2, 8)], "random", seed,
+                                                                                           device="cpu"))
+    spec = phase1.SPEC.gate("speedup").model_copy(update={"requires": [], "warmup": 1, "repeats": 1, "trials": 2})
+    result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
+    add_flashmla_figures(result, spec, [config], GateContext(device="cpu"),
+                         op=lambda *a, out=None, lse=None: tree_verify_mla_naive(*a), timer=None, floor_s=None)
+    details = result.details["flashmla"]
+    assert "no kernel image" in details["refused"]["tiny"] and details["configs"][0]["status"] == "disagree"
+    assert {f.name: f.value for f in result.figures if f.name.startswith("flashmla")} == {
+        "flashmla_median_speedup": None, "flashmla_min_speedup": None, "flashmla_min_speedup_tc": None}
+    assert result.outcome is Outcome.PASSED
