@@ -41,18 +41,6 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def run(main: Callable[[Optional[list[str]]], Optional[int]], argv: Optional[list[str]] = None) -> int:
-    """``main(argv)``'s exit status for a program that parses its own arguments (argparse); a closed
-    stdout (the reader went away) ends it quietly with 141. Click tools use `program`."""
-    try:
-        status = main(argv)
-        sys.stdout.flush()
-        return int(status or 0)
-    except BrokenPipeError:
-        _silence_stdout()
-        return SIGPIPE_EXIT
-
-
 def program(command: click.Command, prog_name: str) -> Callable[[Optional[list[str]]], int]:
     """``main(argv=None) -> int``: runs `command` through `kdtree.cli_support.run` and returns its exit
     status instead of exiting: the callback's return value, 2 for usage and machine errors (one

@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Optional
 
+from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_BLOCK as SM120_MAX_SHARED_BYTES
 from kdtree.bench.roofline import Shape, bytes_moved, flops
 from kdtree.gates.base import Figure, GateResult, Outcome
 from kdtree.kernels.cuda_op import launch
@@ -28,7 +29,6 @@ from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_na
 from kdtree.tools import mma_ceiling
 
 SM120_CAPABILITY = (12, 0)
-SM120_MAX_SHARED_BYTES = 101376  # sm_120's per-block shared memory (opt-in maximum)
 PREFIX = "sm120_path"  # the figure prefix of this dispatch
 
 

@@ -83,15 +83,6 @@ def test_version_is_the_packages():
     assert done.returncode == 0 and done.stdout.strip().endswith(__version__)
 
 
-def test_run_passes_the_status_through_and_turns_a_closed_pipe_into_141():
-    assert cli.run(lambda argv: 3) == 3 and cli.run(lambda argv: None) == 0
-
-    def closed(argv):
-        raise BrokenPipeError
-
-    assert cli.run(closed) == cli.SIGPIPE_EXIT
-
-
 def _program(body):
     @click.command()
     @click.option("--n", type=cli.POSITIVE_INT, default=1)
