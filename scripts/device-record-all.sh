@@ -10,8 +10,11 @@
 #                                              phase 4 first (forced past stale earlier phases; the run
 #                                              records that), the kernel's run-length GPU tests, then
 #                                              phases 2 and 3 (forced), in one call of <= 560 s
-# Each call copies the new records into $OUT; copy them into plans/results/<phase>/ here and run
-# `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
+# Each call copies the new records into $OUT, and into /tmp/kdtree-records on the machine: a `rest`
+# call that finds the machine still warm takes the phase-1 record from there, so the two calls can
+# follow each other without a copy here in between. Copy the records into plans/results/<phase>/
+# here and run `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
+# `rest` ends with the GPU tests of the torch op and the SGLang integration (issue 29).
 set -u
 WHICH=${1:?phase1, rest or urgent}
 source "$(dirname "$0")/device-env.sh"
@@ -20,7 +23,8 @@ record() {  # record PHASE TIMEOUT_S [--force]
   timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda ${3:-} 2>&1 \
     | grep -v "INFO - \|UserWarning" | tail -25 | tee -a "$OUT/records.log"
   local newest; newest=$(ls -t plans/results/"$1"/2*.json 2>/dev/null | head -1)
-  [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")"
+  [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")" \
+    && mkdir -p "/tmp/kdtree-records/$1" && cp "$newest" "/tmp/kdtree-records/$1/"
 }
 case "$WHICH" in
   phase1)
@@ -39,7 +43,14 @@ case "$WHICH" in
       echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
     fi
     record phase1 560 ;;
-  rest) for p in phase2 phase3 phase4; do record "$p" 250; done ;;
+  rest)
+    for f in /tmp/kdtree-records/phase1/2*.json; do  # the phase-1 record of a call just before, same machine
+      [ -f "$f" ] && [ ! -f "plans/results/phase1/$(basename "$f")" ] && cp "$f" plans/results/phase1/ \
+        && echo "phase 1's record from the previous call: $(basename "$f")" | tee -a "$OUT/records.log"
+    done
+    for p in phase2 phase3 phase4; do record "$p" 250; done
+    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
+      tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log" ;;
   urgent)
     record phase4 200 --force
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_runs.py -m gpu \
