@@ -7,7 +7,7 @@
 # and, when .peers-carry is carried, ours (wgmma forced, first flag set) against FlashInfer
 # 0.7.2's FA2/FA3 MLA on the issue's shapes. Logs land in $OUT/hopper-sweep.tgz; the call stays within
 # SWEEP_BUDGET seconds (default 560).
-#   bash scripts/device-hopper-sweep.sh "-DKD_WG_SEESAW=1" "" "-DKD_SKIP=8"
+#   bash scripts/device-hopper-sweep.sh "" "-DKD_SKIP=8"
 # (carry .whl; .peers-carry too for the peers step.) CONFIGS="H,T,B,L;..." overrides the configs.
 set -u
 BUDGET=${SWEEP_BUDGET:-560}

@@ -5,7 +5,7 @@
 #
 # REV: a git revision, or "worktree" for the files as they are now (uncommitted edits included).
 # BUILD: an arch, optionally with extra nvcc flags after a colon: sm_120, sm_90a,
-# "sm_90a:-DKD_WG_SEESAW=1". Default: sm_120 sm_90a.
+# "sm_90a:-DKD_SKIP=8". Default: sm_120 sm_90a.
 #
 # Each revision's kernels/csrc/tree_verify_mla.cu is compiled as kdtree.kernels.jit.compile_arch
 # does (that revision's BASE_FLAGS, -DKDTREE_SM90A=1 for sm_90a, -Xptxas -v, -c), its SASS dumped

@@ -20,8 +20,6 @@
 // KD_COMBINE_WARPS, KD_COMBINE_UNROLL: the split-combine pass's warps per CTA and loads in flight.
 //
 // The wgmma variant (tree_verify_mla_sm90a.cuh, sm_90a only):
-// KD_WG_SEESAW: 1 runs its consumers on the pair ("seesaw") schedule instead of the default one
-//   (see there); which one stays is decided by a measurement on the GPU.
 // WG_V_DESC_SWAP: 1 swaps the LBO and SBO of PV's V descriptor (a diagnosis build, in case a device
 //   disagrees with this reading of the descriptor format).
 #pragma once
@@ -48,9 +46,6 @@
 #endif
 #ifndef KD_COMBINE_UNROLL
 #define KD_COMBINE_UNROLL 8
-#endif
-#ifndef KD_WG_SEESAW
-#define KD_WG_SEESAW 0
 #endif
 #ifndef WG_V_DESC_SWAP
 #define WG_V_DESC_SWAP 0

@@ -16,17 +16,20 @@
 //                  arrive on the stage's `full` mbarrier as they land (cp.async.mbarrier.arrive
 //                  .noinc) while the producer loads the next tile's slot ids and waits for the next
 //                  free stage. Rows past the split's end are zero-filled.
-//   warpgroup 0    S = Q K^T (36 x wgmma m64n64k16, A = Q and B = K from shared memory), mask +
-//                  online softmax in registers, P (bf16) and the rows' rescale factors to shared
-//                  memory for warpgroup 1, then O[:, 0:256] = alpha O + P V (4 x wgmma m64n256k16,
-//                  A = P from registers, B = V read MN-major from the same tile).
-//   warpgroup 1    O[:, 256:512] = alpha O + P V (4 x wgmma m64n256k16, A = P from shared memory).
-//   Both release the stage on its `empty` mbarrier once their MMAs on it have completed, and
-//   fence the producer's bytes into the async proxy after each `full` wait. P and its rescale
-//   factors are handed over with named barriers synced on both sides (racecheck-clean).
+//   consumers      the tiles in pairs (the "seesaw" schedule FlashMLA published for its Hopper
+//   warpgroups     kernel): warpgroup 0 computes S = Q K^T of tile a = 2i of each pair (36 x wgmma
+//                  m64n64k16, A = Q and B = K from shared memory), its mask + online softmax and
+//                  P_a; warpgroup 1 those of tile b = 2i + 1, against tile a's running max. Each
+//                  warpgroup owns 256 output columns and runs both tiles' PV on them (4 x wgmma
+//                  m64n256k16 per tile, B = V read MN-major from the tile): its own tile's with P
+//                  from registers, the other's with P from shared memory. So one warpgroup's
+//                  softmax runs while the other's MMAs keep the tensor pipe busy.
+//   Both release a stage on its `empty` mbarrier once their MMAs on it have completed, and fence
+//   the producer's bytes into the async proxy after each `full` wait. The running max, the rescale
+//   factors and P go between the warpgroups through shared memory, ordered by named barriers
+//   synced on both sides (racecheck-clean); row sums are kept per warpgroup and added at the end.
 // The consumers' stages (QK, mask + online softmax, P to registers and to shared memory, O's
-// rescale, the two PV forms) are the named functions below; the kernel runs this default
-// schedule with them, and `consume_seesaw` an alternative one (KD_WG_SEESAW=1, knobs.cuh).
+// rescale, the two PV forms) are the named functions below, the schedule `consume`.
 //
 // What bounds it (per 64-key tile and CTA): FLOPs 2 x 64 x 64 x (576 + 512) = 8.9 M, i.e.
 // 2176 clocks of one SM's dense bf16 tensor rate (4096 FLOP/clk); bytes gathered 64 x 1152 =
@@ -34,9 +37,11 @@
 // read the same rows). Arithmetic intensity against the pool is 64 x 1088 x 2 / 1152 = 121 FLOP/B
 // per CTA, below a Hopper card's ridge (H200: 788 TFLOP/s / 4.3 TB/s = 183 FLOP/B), so a request needs >= 2
 // row blocks sharing rows through L2 to be tensor-core bound; with H x T >= 128 rows per request it
-// is, and the bound is then the tensor pipe (2176 clk/tile) plus what is not overlapped: warpgroup
-// 0's softmax between its QK and PV (~10-15 % of a tile) and shared-memory operand bandwidth (QK
-// with A and B from shared memory reads 4 KiB per 32-clock m64n64k16: at the 128 B/clk limit).
+// is, and the bound is then the tensor pipe (2176 clk/tile) and, as close, shared memory's 128
+// B/clk: per tile QK reads 144 KiB of operands (4 KiB per 32-clock m64n64k16), PV 72 KiB (V's
+// 512 columns, 32 KiB per warpgroup, and P from shared memory for one warpgroup) and the gather
+// writes 72 KiB: 288 KiB, 2304 clocks. The pair schedule exists to keep the softmax (~10-15 % of a
+// tile) off that path.
 // Few rows per request (H x T <= 32) stay bandwidth bound (2 x 1152 B per key), which the ws
 // variant serves as well with less waste (64-row tiles for 16 rows waste 3/4 of the MMAs).
 //
@@ -73,9 +78,8 @@ constexpr int kBlockBytes = kBN * 128;  // one 64-column block of a tile (see wg
 constexpr int kRescaleLog2 = 8;         // as the ws variant: the running max moves by > 2^8 only
 constexpr int kValueHalf = kValueDim / 2;  // output columns per consumer warpgroup
 // Named barriers (0 is __syncthreads).
-constexpr int kBarQ = 1, kBarPFull = 2, kBarPFree = 3, kBarEpilogue = 4;
-constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // seesaw: tile a's stats and P, tile b's stats, P_b
-constexpr bool kSeesaw = KD_WG_SEESAW != 0;       // knobs.cuh
+constexpr int kBarQ = 1, kBarEpilogue = 4;
+constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // tile a's stats and P, tile b's stats, P_b
 struct Smem {
   static constexpr int q_off = 0;
   static constexpr int k_off = q_off + kQBytes;
@@ -304,7 +308,7 @@ __device__ __forceinline__ void store_o(const TreeVerifyParams& p, const Cta& c,
              *reinterpret_cast<const float(*)[32][4]>(o), c.sM, c.sL, t.wgi == 0 && t.t4 == 0, t.w == 3);
 }
 
-// ---------------- the seesaw schedule (KD_WG_SEESAW=1) ----------------
+// ---------------- the consumers' schedule ----------------
 // The consumers take tiles in pairs, as FlashMLA's published "seesaw" schedule
 // (docs/20250422-new-kernel-deep-dive.md there): warpgroup 0 computes S, the softmax and P of tile
 // a = 2 i, warpgroup 1 those of tile b = 2 i + 1, each applying the other's max and rescale
@@ -315,7 +319,7 @@ __device__ __forceinline__ void store_o(const TreeVerifyParams& p, const Cta& c,
 // and tile b's through sL (warpgroup 1 writes; sL gets the row sums at the end).
 
 // Warpgroup 0: tile a of each pair (stage 0), output columns 0..255.
-__device__ __forceinline__ void consume_seesaw_wg0(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+__device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
                                                    const RowMasks& rm, uint64_t dq, uint64_t dp, uint32_t v_half,
                                                    float (&o)[128], float (&l_part)[2]) {
   float* sScaleA = c.sAlpha;
@@ -378,7 +382,7 @@ __device__ __forceinline__ void consume_seesaw_wg0(const TreeVerifyParams& p, co
 }
 
 // Warpgroup 1: tile b of each pair (stage 1), output columns 256..511.
-__device__ __forceinline__ void consume_seesaw_wg1(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+__device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
                                                    const RowMasks& rm, uint64_t dq, uint64_t dp, uint32_t v_half,
                                                    float (&o)[128], float (&l_part)[2]) {
   float* sScaleA = c.sAlpha;
@@ -442,16 +446,16 @@ __device__ __forceinline__ void consume_seesaw_wg1(const TreeVerifyParams& p, co
   }
 }
 
-// The seesaw schedule, then the row sums of both warpgroups added into sL for the epilogue.
-__device__ __forceinline__ void consume_seesaw(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
+// The pair schedule, then the row sums of both warpgroups added into sL for the epilogue.
+__device__ __forceinline__ void consume(const TreeVerifyParams& p, const Cta& c, const ConsumerThread& t,
                                                float (&o)[128]) {
   const RowMasks rm = row_masks(p, c, t);
   const uint64_t dq = make_desc(c.sbase + Smem::q_off, 16, 1024);
   const uint64_t dp = make_desc(c.sbase + Smem::p_off, 16, 1024);
   const uint32_t v_half = (hooks::kWgmmaWrongHalf ? 0 : t.wgi) * (kValueHalf / 64) * kBlockBytes;
   float l_part[2] = {0.f, 0.f};  // this thread's share of its rows' sums, in the running frame
-  if (t.wgi == 0) consume_seesaw_wg0(p, c, t, rm, dq, dp, v_half, o, l_part);
-  else consume_seesaw_wg1(p, c, t, rm, dq, dp, v_half, o, l_part);
+  if (t.wgi == 0) consume_pairs_wg0(p, c, t, rm, dq, dp, v_half, o, l_part);
+  else consume_pairs_wg1(p, c, t, rm, dq, dp, v_half, o, l_part);
 
   wait_mma<0>(o);  // (every MMA is done on every path; said here so that the compiler sees it)
 #pragma unroll
@@ -477,10 +481,7 @@ __device__ __forceinline__ void consume_seesaw(const TreeVerifyParams& p, const 
 #define KD_WGMMA_BODY 1
 #endif
 
-// The kernel: the producer warpgroup's gather loop, then the consumers' default schedule, its
-// stages the functions above: warpgroup 0 per tile QK, the softmax, P (to registers and, with the
-// rows' rescale factors, to shared memory for warpgroup 1) and the low half of PV; warpgroup 1 the
-// high half of PV. KD_WG_SEESAW=1 runs consume_seesaw instead.
+// The kernel: the producer warpgroup's gather loop, then the consumers' pair schedule (`consume`).
 __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(const TreeVerifyParams p) {
 #if KD_WGMMA_BODY && defined(__CUDA_ARCH__)
   using namespace wg;
@@ -574,85 +575,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
 
-  if constexpr (kSeesaw) {
-    consume_seesaw(p, c, t, o);
-  } else if (wgi == 0) {
-    // ---------------- warpgroup 0: QK, softmax, P, low half of PV ----------------
-    const RowMasks rm = row_masks(p, c, t);
-    float m[2] = {minus_infinity(), minus_infinity()};
-    float l[2] = {0.f, 0.f};
-    const uint64_t dq = make_desc(sbase + Smem::q_off, 16, 1024);
-    int prev_stage = 0;
-    for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      const int tile_base = kbeg + it * kBN;
-      const uint32_t kaddr = stage_addr(sbase, stage);
-      mbar_wait(&full[stage], (it / kStages) & 1);
-      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
-
-      float s[32];
-      issue_qk(s, dq, kaddr);
-      if (it > 0) {  // the previous tile's PV (committed before this QK) is done: release its stage
-        wait_mma<1>(o);
-        mbar_arrive(&empty[prev_stage]);
-      }
-      wgmma_wait<0>();  // this tile's S
-      fence_operands(s);
-      fence_operands(o);
-
-      float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float a;
-        const float sum = softmax_row(p, s, h, rm.ok[h], rm.row[h], t4, tile_base, kend, Lp, m[h], m[h], a);
-        l[h] = l[h] * a + sum;
-        alpha[h] = a;
-      }
-      uint32_t pa[4][4];
-      pack_p(s, pa);
-
-      // hand P and alpha to warpgroup 1 (once it is done with the previous tile's)
-      if (it > 0) named_barrier_sync(kBarPFree, kConsumers);
-      store_p(smem, pa, t);
-      if (t4 == 0) {
-        sAlpha[r_lo] = alpha[0];
-        sAlpha[r_lo + 8] = alpha[1];
-      }
-      fence_proxy_async_shared();
-      named_barrier_arrive(kBarPFull, kConsumers);
-
-      rescale_o(o, alpha);
-      issue_pv_rs(o, pa, kaddr);
-      prev_stage = stage;
-    }
-    wait_mma<0>(o);
-    mbar_arrive(&empty[prev_stage]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float sum = quad_sum(l[h]);
-      if (t4 == 0) {
-        sL[r_lo + 8 * h] = sum;
-        sM[r_lo + 8 * h] = m[h];
-      }
-    }
-  } else {
-    // ---------------- warpgroup 1: high half of PV, P and its rescale factors from shared memory ----------------
-    const uint64_t dp = make_desc(sbase + Smem::p_off, 16, 1024);
-    for (int it = 0; it < num_tiles; ++it) {
-      const int stage = it % kStages;
-      const uint32_t kaddr = stage_addr(sbase, stage);
-      mbar_wait(&full[stage], (it / kStages) & 1);
-      fence_proxy_async_shared();  // the producer's cp.async bytes, for the MMAs
-      named_barrier_sync(kBarPFull, kConsumers);
-      const float alpha[2] = {sAlpha[r_lo], sAlpha[r_lo + 8]};
-      rescale_o(o, alpha);
-      const uint32_t v_half = hooks::kWgmmaWrongHalf ? 0 : (kValueHalf / 64) * kBlockBytes;
-      issue_pv_ss(o, dp, kaddr + v_half);
-      wait_mma<0>(o);
-      if (it + 1 < num_tiles) named_barrier_sync(kBarPFree, kConsumers);
-      mbar_arrive(&empty[stage]);
-    }
-  }
+  consume(p, c, t, o);
 
   // ---------------- epilogue: both warpgroups, their own 256 columns ----------------
   named_barrier_sync(kBarEpilogue, kConsumers);

@@ -1,10 +1,10 @@
-"""The arithmetic of the wgmma variant's experimental pair schedule (KD_WG_SEESAW=1 in
+"""The arithmetic of the wgmma variant's pair ("seesaw") schedule (`consume` in
 kernels/csrc/tree_verify_mla_sm90a.cuh), emulated in fp64: two warpgroups take the tiles of a pair,
 each applying the other's running max and rescale factors (lazy rescale, threshold 2^8), one
 holding O's low columns and one the high, with their row sums kept apart and added at the end.
 Whatever the tile count (odd: the last pair has no tile b), fully masked tiles or rows, it must be
 the softmax. This pins down the bookkeeping the kernel implements; the kernel itself is checked
-against the oracle on the GPU (devcheck / the phase-1 gates with the flag set)."""
+against the oracle on the GPU (devcheck, the phase-1 gates)."""
 
 from __future__ import annotations
 
