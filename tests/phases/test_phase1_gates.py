@@ -324,11 +324,16 @@ def test_token_exact_gate_fails_a_wrong_tree_mask_on_decoy_trees(op):
 def test_token_exact_gate_fails_a_scale_of_one_over_sqrt_576_by_its_logit_drift():
     r = _token_exact(_op_backend("scale576-test", _scale_576_op), _scale_576_op)
     assert r.outcome is Outcome.FAILED, r.summary
-    assert _runs(r)["decoy"]["margin_fraction"] > 0.25
-    assert "of the margin (> 0.25)" in r.summary
-    # a 42 % scale error: the screened decisions change too, those a -2 % drift flips among them
+    # the logit drift is over the bound in some run (which one varies with the draw: the decoy's
+    # narrowest greedy margin was under 4x the drift in ~1 % of fresh draws) and the summary says so
+    worst = max(_runs(r).values(), key=lambda row: row.get("margin_fraction") or 0.0)
+    assert worst["margin_fraction"] > 0.25
+    assert f"run {worst['run']!r}: " in r.summary and "of the margin (> 0.25)" in r.summary
+    # a 42 % scale error changes screened decisions too (not always to the token a -2 % drift
+    # takes: in ~5 % of draws it overshoots to a third one, so only the 3 % drifts below pin the
+    # direction)
     screen = _screen_total(r)
-    assert screen["candidate took the -2% token"] >= 1 and screen["kept nodes the candidate changed"] > 0
+    assert screen["kept nodes the candidate changed"] > 0
     assert any(d["run"] == "scale-screen" for d in r.details["divergences"]), r.summary
 
 
