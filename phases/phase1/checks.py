@@ -258,7 +258,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     sm_120 path (`sm120`: `sm120_fn`, default `sm120_path`), each against FlashInfer FA2
     (the sm_120 path also against FA2 built with sm_120's shared memory per SM) and the default
     against FA3; then the mma.sync ceiling (`mma_ceiling`: a callable returning its rows, default
-    `kdtree.tools.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
+    `kdtree.bench.mma_ceiling.measure`) and the shared memory of the variants the sm_120 path
     launched (`smem_of(device)` -> variant -> bytes, default: the loaded extension's records); last
     the default against FlashMLA's dense decode (`peers.add_flashmla_figures`, reported)."""
     # looked up at call time, so a test may patch the baseline on its module

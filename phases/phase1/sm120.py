@@ -10,7 +10,7 @@ from the loaded extension's own records (`SM120_MAX_SHARED_BYTES`), so what is t
 code an sm_120 card runs, under its limits, on this card's memory system and tensor cores.
 
 Its figures are named ``sm120_path_*``. Besides the speedups, the gate records its fraction of
-the **mma.sync ceiling** measured in the same run (`kdtree.tools.mma_ceiling`: the bf16
+the **mma.sync ceiling** measured in the same run (`kdtree.bench.mma_ceiling`: the bf16
 m16n8k16 rate with operands in registers): per config, max(bytes / copy bandwidth, FLOPs /
 that rate) over the sm_120 path's median time.
 """
@@ -26,7 +26,7 @@ from kdtree.gates.base import Figure, GateResult, Outcome
 from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records
 from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_name
-from kdtree.tools import mma_ceiling
+from kdtree.bench import mma_ceiling
 
 SM120_CAPABILITY = (12, 0)
 PREFIX = "sm120_path"  # the figure prefix of this dispatch

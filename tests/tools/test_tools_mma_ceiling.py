@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kdtree.kernels import jit
+from kdtree.bench import mma_ceiling as ceiling
 from kdtree.tools import mma_ceiling
 
 ROWS = [
@@ -32,9 +33,9 @@ def test_no_gpu_is_a_clear_error(monkeypatch):
     def no_smi(*args, **kwargs):
         raise FileNotFoundError("nvidia-smi")
 
-    monkeypatch.setattr(mma_ceiling.subprocess, "run", no_smi)
+    monkeypatch.setattr(ceiling.subprocess, "run", no_smi)
     with pytest.raises(jit.JitError, match="no CUDA GPU is visible"):
-        mma_ceiling.device_arch()
+        ceiling.device_arch()
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
@@ -43,19 +44,19 @@ def test_microbenchmark_builds_for_both_targets(tmp_path, arch):
         jit.find_nvcc()
     except jit.JitError as exc:
         pytest.skip(str(exc))
-    exe = mma_ceiling.build(arch, tmp_path)
+    exe = ceiling.build(arch, tmp_path)
     assert exe.exists() and exe.stat().st_size > 0
 
 
 def test_build_failure_shows_the_compiler_output(tmp_path, monkeypatch):
-    monkeypatch.setattr(mma_ceiling, "find_nvcc", lambda: "false")
+    monkeypatch.setattr(ceiling, "find_nvcc", lambda: "false")
     with pytest.raises(jit.JitError, match="nvcc failed on the ceiling benchmark"):
-        mma_ceiling.build("sm_90", tmp_path)
+        ceiling.build("sm_90", tmp_path)
 
 
 @pytest.mark.gpu
 def test_gpu_ceilings_are_plausible():
-    rows = mma_ceiling.measure(iters=2000)
+    rows = ceiling.measure(iters=2000)
     assert rows[0]["sms"] > 0 and len(rows) == 1 + 5 + 3 + 12
     from_registers = max(r["tflops"] for r in rows[1:] if r["mma"] and r["ldsm_bytes_per_mma"] == 0)
     at_512 = max(r["tflops"] for r in rows[1:] if r["mma"] and r["ldsm_bytes_per_mma"] == 512)
@@ -63,7 +64,7 @@ def test_gpu_ceilings_are_plausible():
 
 
 def test_module_imports_without_a_gpu_and_finds_its_source():
-    done = subprocess.run([sys.executable, "-c", "import kdtree.tools.mma_ceiling as m; print(m.SOURCE.exists())"],
+    done = subprocess.run([sys.executable, "-c", "import kdtree.bench.mma_ceiling as m; print(m.SOURCE.exists())"],
                           capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
 
@@ -72,7 +73,7 @@ def test_main_without_a_gpu_prints_the_reason_not_a_traceback(monkeypatch, capsy
     def no_smi(*args, **kwargs):
         raise FileNotFoundError("nvidia-smi")
 
-    monkeypatch.setattr(mma_ceiling.subprocess, "run", no_smi)
+    monkeypatch.setattr(ceiling.subprocess, "run", no_smi)
     assert mma_ceiling.main(["--out", "/nonexistent-not-written"]) == 2
     err = capsys.readouterr().err
     assert "kdtree.tools.mma_ceiling: no CUDA GPU is visible" in err and "Traceback" not in err
