@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One GPU call that compares the Hopper (wgmma) kernel of several git revisions on one machine:
+# each revision is checked out into its own worktree, built for sm_90a through that revision's JIT
+# loader, checked against the fp64 oracle (devcheck --quick, wgmma forced) and timed interleaved
+# with the ws kernel of the same build (wgmma / ws per config: ws is the anchor that makes the
+# revisions' ratios comparable within the call). compute-sanitizer's racecheck then runs the
+# sanitizer driver on each revision marked with a trailing '+race'. Experiments live on branches,
+# so main's sources (the phase records' inputs) stay as they are.
+#   bash scripts/device-compare-revs.sh main exp-stagger+race c96222d
+# (carry .whl.) Logs land in $OUT/compare-revs.tgz; the call stays within COMPARE_BUDGET seconds
+# (default 300). CONFIGS="H,T,B,L;..." overrides the configs.
+set -u
+BUDGET=${COMPARE_BUDGET:-300}
+START=$(date +%s)
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/device-env.sh"
+LOGS=/tmp/compare-revs; rm -rf "$LOGS"; mkdir -p "$LOGS"
+export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
+CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;16,64,1,131072;8,16,1,32768"}
+[ $# -gt 0 ] || { echo "usage: $0 REV[+race] ..." >&2; exit 2; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() {  # step NAME CAP CMD...: CMD under min(CAP, time left - 10 s), output in $LOGS/NAME.log
+  local name=$1 cap=$2; shift 2
+  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+  if [ "$t" -lt 15 ]; then echo "== $name: skipped (budget spent)"; return 99; fi
+  timeout --kill-after=5 "$t" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
+  return $rc
+}
+# `bash -c "$IN_REV" in_rev DIR CMD...`: CMD run in DIR with DIR's kdtree first on the path
+IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
+
+declare -a DIRS NAMES
+for spec in "$@"; do
+  rev=${spec%+race}; name=$(echo "$rev" | tr -c 'A-Za-z0-9._-\n' '_')
+  dir=/tmp/rev-$name
+  rm -rf "$dir"; git -C "$ROOT" worktree prune
+  if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
+    echo "== $rev: no such revision here"; cat "$LOGS/worktree-$name.log"; continue
+  fi
+  echo "$rev = $(git -C "$dir" rev-parse --short HEAD)"
+  DIRS+=("$dir"); NAMES+=("$name")
+  timeout 300 bash -c "$IN_REV" in_rev "$dir" python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" \
+    > "$LOGS/build-$name.log" 2>&1 &
+done
+wait
+echo "built ${#DIRS[@]} revisions in $(( $(date +%s) - START )) s"
+
+for i in "${!DIRS[@]}"; do
+  dir=${DIRS[$i]} name=${NAMES[$i]}
+  echo "######## $name"
+  step "check-$name" 90 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/check-$name" --quick \
+    --variants wgmma --impl none
+  grep -E "^(ok |BAD)" "$LOGS/check-$name.log" | awk '{print $1}' | sort | uniq -c
+  grep -E "^BAD|Error|error" "$LOGS/check-$name.log" | head -5
+  step "time-$name" 120 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/time-$name" --time-only \
+    --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
+  sed -n '/^config /,$p' "$LOGS/time-$name.log"
+  grep -E "Error|error" "$LOGS/time-$name.log" | head -3
+done
+
+for spec in "$@"; do
+  case "$spec" in *+race) ;; *) continue ;; esac
+  name=$(echo "${spec%+race}" | tr -c 'A-Za-z0-9._-\n' '_')
+  [ -d "/tmp/rev-$name" ] || continue
+  step "racecheck-$name" 150 bash -c "$IN_REV" in_rev "/tmp/rev-$name" compute-sanitizer --tool racecheck --error-exitcode 86 \
+    python3 -m kdtree.tools.sanitize_driver
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG|done" "$LOGS/racecheck-$name.log" | tail -3
+done
+tar czf "$OUT/compare-revs.tgz" -C "$LOGS" .
+echo "done in $(( $(date +%s) - START ))s"
