@@ -34,7 +34,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 declare -a DIRS NAMES
 for spec in "$@"; do
-  rev=${spec%+race}; name=$(echo "$rev" | tr -c 'A-Za-z0-9._-\n' '_')
+  rev=${spec%+race}; name=$(echo "$rev" | tr -c 'A-Za-z0-9._\n-' '_')
   dir=/tmp/rev-$name
   rm -rf "$dir"; git -C "$ROOT" worktree prune
   if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
@@ -63,7 +63,7 @@ done
 
 for spec in "$@"; do
   case "$spec" in *+race) ;; *) continue ;; esac
-  name=$(echo "${spec%+race}" | tr -c 'A-Za-z0-9._-\n' '_')
+  name=$(echo "${spec%+race}" | tr -c 'A-Za-z0-9._\n-' '_')
   [ -d "/tmp/rev-$name" ] || continue
   step "racecheck-$name" 150 bash -c "$IN_REV" in_rev "/tmp/rev-$name" compute-sanitizer --tool racecheck --error-exitcode 86 \
     python3 -m kdtree.tools.sanitize_driver
