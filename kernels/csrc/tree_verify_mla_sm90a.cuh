@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
 
   BlockRange br;
   if (!block_range(p, split, rb, b, kBM, br)) return;
-  const int kbeg = br.kbeg, kend = br.kend, Lp = br.Lp;
+  const int kbeg = br.kbeg, kend = br.kend;
   const int num_tiles = (kend - kbeg + kBN - 1) / kBN;
 
   if (hooks::kSkipLoads) {  // measurement builds never copy: the ring holds finite stand-ins
