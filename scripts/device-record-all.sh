@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Re-record every phase on the GPU machine in plan order, none forced, in two device calls (a call
-# carries 64 MiB: FlashInfer's kit and SGLang's do not fit together):
+# Re-record every phase on the GPU machine in plan order, none forced:
+#   bash scripts/device-record-all.sh all      carry .whl and .peers-carry (with its sglang-kernels.zip:
+#                                              SGLang's Triton verify kernel files, all phases 2 and 3
+#                                              take from SGLang): phases 1-4 and the torch op's GPU
+#                                              tests in one call, within ALL_BUDGET s (default 570)
+# or in two device calls (a call carries 64 MiB: FlashInfer's kit and SGLang's whole wheel do not fit
+# together):
 #   bash scripts/device-record-all.sh phase1   carry .whl and .peers-carry: phase 1 with FlashInfer
 #                                              FA2/FA3 on the path (the speed gate's peer targets)
 #   bash scripts/device-record-all.sh rest     carry .whl and .whl-sglang: phases 2, 3, 4; first copy
@@ -16,7 +21,7 @@
 # here and run `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
 # `rest` ends with the GPU tests of the torch op and the SGLang integration (issue 29).
 set -u
-WHICH=${1:?phase1, rest or urgent}
+WHICH=${1:?all, phase1, rest or urgent}
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
 record() {  # record PHASE TIMEOUT_S [--force]
@@ -26,10 +31,13 @@ record() {  # record PHASE TIMEOUT_S [--force]
   [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")" \
     && mkdir -p "/tmp/kdtree-records/$1" && cp "$newest" "/tmp/kdtree-records/$1/"
 }
-case "$WHICH" in
-  phase1)
+peers() {  # FlashInfer (and FlashMLA, SGLang's kernel files when carried) from .peers-carry onto the path
     _carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
     if [ -d "$_carry" ]; then
+      if [ -f "$_carry/sglang-kernels.zip" ]; then
+        python3 -c "import zipfile; zipfile.ZipFile('$_carry/sglang-kernels.zip').extractall('/tmp/sgl-site')"
+        export PYTHONPATH="$PYTHONPATH:/tmp/sgl-site"  # last: a full SGLang install, if any, wins
+      fi
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fi-tvm "$_carry"/apache_tvm_ffi-*.whl
       python3 -c "import zipfile; zipfile.ZipFile('$_carry/flashinfer-trim.zip').extractall('/tmp/fi-site')"
       export PYTHONPATH="/tmp/fi-site:/tmp/fi-tvm:$PYTHONPATH" MAX_JOBS=16
@@ -42,7 +50,26 @@ case "$WHICH" in
     else
       echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
     fi
+}
+_start=$(date +%s)
+left() { echo $(( ${ALL_BUDGET:-570} - ($(date +%s) - _start) )); }
+case "$WHICH" in
+  phase1)
+    peers
     record phase1 560 ;;
+  all)
+    peers
+    record phase1 $(( $(left) - 150 ))
+    for p in phase2 phase3 phase4; do
+      t=$(( $(left) - 20 )); [ "$t" -gt 250 ] && t=250
+      if [ "$t" -lt 30 ]; then echo "$p: not run (the call's budget is spent)" | tee -a "$OUT/records.log"; continue; fi
+      record "$p" "$t"
+    done
+    t=$(( $(left) - 5 ))
+    if [ "$t" -ge 30 ]; then
+      timeout "$t" python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
+        tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
+    fi ;;
   rest)
     for f in /tmp/kdtree-records/phase1/2*.json; do  # the phase-1 record of a call just before, same machine
       [ -f "$f" ] && [ ! -f "plans/results/phase1/$(basename "$f")" ] && cp "$f" plans/results/phase1/ \
@@ -57,6 +84,6 @@ case "$WHICH" in
       --junitxml="$OUT/gpu-runs.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
     record phase2 110 --force
     record phase3 110 --force ;;
-  *) echo "unknown step '$WHICH': phase1, rest or urgent"; exit 2 ;;
+  *) echo "unknown step '$WHICH': all, phase1, rest or urgent"; exit 2 ;;
 esac
 ls "$OUT"

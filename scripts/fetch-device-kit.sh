@@ -4,7 +4,8 @@
 #   .whl-sglang/   with SGLANG=1: the sglang 0.5.23 cp312 wheel and what its triton_backend imports
 #                  (~39 MB); with KIT=1 also what SGLang's attention test kit imports (pyzmq,
 #                  loguru, openai, ipython, ...; ~9 MB).
-#   .peers-carry/  with PEERS=1: flashinfer-trim.zip (FlashInfer 0.7.2.post1 without the CUDA
+#   .peers-carry/  with PEERS=1: sglang-kernels.zip (SGLang 0.5.23's Triton verify kernel files, for
+#                  phases 2 and 3 in the phase-1 call), flashinfer-trim.zip (FlashInfer 0.7.2.post1 without the CUDA
 #                  sources its MLA path does not build) and the apache-tvm-ffi 0.1.15 wheel; the
 #                  sgl-flash-mla 1.0.0 wheel (FlashMLA's kernels, ~9.5 MB: its dense decode is
 #                  phase 1's second Hopper peer, kdtree.bench.flashmla_peer).
@@ -45,6 +46,19 @@ if [ "${PEERS:-0}" = 1 ]; then
   # of its .so files (_loader.py), so the whole wheel is carried
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --abi abi3 --platform manylinux2014_x86_64 -d .peers-carry sgl-flash-mla==1.0.0
+  # SGLang's Triton verify kernel alone (its extend_attention file, the two it imports, the wheel's
+  # METADATA: ~60 KiB), so phases 2 and 3 run in the same call as phase 1
+  # (kdtree.integrations.sglang.sglang_kernels loads these files with the package __init__s skipped)
+  fetch /tmp/sgl-dl sglang==0.5.23
+  python3 - <<'PY'
+import glob, zipfile
+src = glob.glob("/tmp/sgl-dl/sglang-0.5.23-*.whl")[0]
+keep = {"sglang/kernels/ops/attention/extend_attention.py", "sglang/kernels/ops/attention/decode_attention.py",
+        "sglang/kernels/ops/attention/score_mod.py", "sglang/srt/environ.py", "sglang-0.5.23.dist-info/METADATA"}
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(".peers-carry/sglang-kernels.zip", "w", zipfile.ZIP_DEFLATED) as zout:
+    for name in sorted(keep):
+        zout.writestr(name, zin.read(name))
+PY
   python3 - <<'PY'
 import glob, re, zipfile
 src = glob.glob("/tmp/fi-dl/flashinfer_python-0.7.2.post1-*.whl")[0]

@@ -42,8 +42,12 @@ def load_extend_attention() -> tuple[Callable, str]:
         return module.extend_attention_fwd, "import sglang (the installed wheel, normally)"
     except Exception as err:  # noqa: BLE001 - any failure of SGLang's import chain
         first = f"{type(err).__name__}: {err}"
-    spec = importlib.util.find_spec("sglang") if "sglang" not in sys.modules else None
-    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    loaded = sys.modules.get("sglang")  # left by the failed import when sglang has no __init__ (a trimmed copy)
+    if loaded is not None and getattr(loaded, "__path__", None):
+        roots = list(loaded.__path__)
+    else:
+        spec = importlib.util.find_spec("sglang")
+        roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
     if not roots:
         raise ImportError(f"sglang is not installed ({first})")
     for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
