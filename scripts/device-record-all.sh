@@ -59,7 +59,7 @@ case "$WHICH" in
     record phase1 560 ;;
   all)
     peers
-    record phase1 $(( $(left) - 150 ))
+    record phase1 $(( $(left) - ${REST_RESERVE_S:-150} ))  # the rest of the budget for phases 2-4
     for p in phase2 phase3 phase4; do
       t=$(( $(left) - 20 )); [ "$t" -gt 250 ] && t=250
       if [ "$t" -lt 30 ]; then echo "$p: not run (the call's budget is spent)" | tee -a "$OUT/records.log"; continue; fi
