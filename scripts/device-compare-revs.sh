@@ -4,10 +4,11 @@
 # loader, checked against the fp64 oracle (devcheck --quick, wgmma forced) and timed interleaved
 # with the ws kernel of the same build (wgmma / ws per config: ws is the anchor that makes the
 # revisions' ratios comparable within the call). compute-sanitizer's racecheck then runs the
-# sanitizer driver on each revision marked with a trailing '+race'. Experiments live on branches,
-# so main's sources (the phase records' inputs) stay as they are.
-#   bash scripts/device-compare-revs.sh main exp-stagger+race c96222d
-# (carry .whl.) Logs land in $OUT/compare-revs.tgz; the call stays within COMPARE_BUDGET seconds
+# sanitizer driver on each revision marked with a trailing '+race'. A revision may carry build flags
+# after a colon ("main:-DKD_SKIP=8": a measurement build without tile loads, timed but not checked).
+# Experiments live on branches, so main's sources (the phase records' inputs) stay as they are.
+#   bash scripts/device-compare-revs.sh c96222d main "main:-DKD_SKIP=8" exp-stagger+race
+# (carry .whl.) Each revision is checked out once (under /tmp/rev-REV), whatever its flag sets. Logs land in $OUT/compare-revs.tgz; the call stays within COMPARE_BUDGET seconds
 # (default 300). CONFIGS="H,T,B,L;..." overrides the configs.
 set -u
 BUDGET=${COMPARE_BUDGET:-300}
@@ -32,42 +33,50 @@ step() {  # step NAME CAP CMD...: CMD under min(CAP, time left - 10 s), output i
 IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
 
-declare -a DIRS NAMES
+safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
+declare -a DIRS NAMES FLAGS RACE
+rm -rf /tmp/rev-*; git -C "$ROOT" worktree prune  # nothing of an earlier call on this machine
 for spec in "$@"; do
-  rev=${spec%+race}; name=$(echo "$rev" | tr -c 'A-Za-z0-9._\n-' '_')
-  dir=/tmp/rev-$name
-  rm -rf "$dir"; git -C "$ROOT" worktree prune
-  if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
-    echo "== $rev: no such revision here"; cat "$LOGS/worktree-$name.log"; continue
+  race=0; case "$spec" in *+race) race=1; spec=${spec%+race} ;; esac
+  rev=${spec%%:*}; flags=""; [ "$rev" != "$spec" ] && flags=${spec#*:}
+  name=$(safe "$spec"); dir=/tmp/rev-$(safe "$rev")
+  if [ ! -d "$dir" ]; then
+    if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
+      echo "== $rev: no such revision here"; cat "$LOGS/worktree-$name.log"; continue
+    fi
   fi
-  echo "$rev = $(git -C "$dir" rev-parse --short HEAD)"
-  DIRS+=("$dir"); NAMES+=("$name")
-  timeout 300 bash -c "$IN_REV" in_rev "$dir" python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" \
-    > "$LOGS/build-$name.log" 2>&1 &
+  echo "$spec = $(git -C "$dir" rev-parse --short HEAD)${flags:+ with $flags}"
+  DIRS+=("$dir"); NAMES+=("$name"); FLAGS+=("$flags"); RACE+=("$race")
+  KDTREE_NVCC_FLAGS="$flags" timeout 300 bash -c "$IN_REV" in_rev "$dir" \
+    python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" > "$LOGS/build-$name.log" 2>&1 &
 done
 wait
-echo "built ${#DIRS[@]} revisions in $(( $(date +%s) - START )) s"
+echo "built ${#DIRS[@]} builds in $(( $(date +%s) - START )) s"
 
 for i in "${!DIRS[@]}"; do
   dir=${DIRS[$i]} name=${NAMES[$i]}
+  export KDTREE_NVCC_FLAGS="${FLAGS[$i]}"
   echo "######## $name"
-  step "check-$name" 90 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/check-$name" --quick \
-    --variants wgmma --impl none
-  grep -E "^(ok |BAD)" "$LOGS/check-$name.log" | awk '{print $1}' | sort | uniq -c
-  grep -E "^BAD|Error|error" "$LOGS/check-$name.log" | head -5
+  case "$KDTREE_NVCC_FLAGS" in
+    *KD_SKIP*) ;;  # a measurement build: its outputs are not the op's
+    *) step "check-$name" 90 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/check-$name" \
+         --quick --variants wgmma --impl none
+       grep -E "^(ok |BAD)" "$LOGS/check-$name.log" | awk '{print $1}' | sort | uniq -c
+       grep -E "^BAD|Error|error" "$LOGS/check-$name.log" | head -5 ;;
+  esac
   step "time-$name" 120 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/time-$name" --time-only \
     --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
   sed -n '/^config /,$p' "$LOGS/time-$name.log"
   grep -E "Error|error" "$LOGS/time-$name.log" | head -3
 done
 
-for spec in "$@"; do
-  case "$spec" in *+race) ;; *) continue ;; esac
-  name=$(echo "${spec%+race}" | tr -c 'A-Za-z0-9._\n-' '_')
-  [ -d "/tmp/rev-$name" ] || continue
-  step "racecheck-$name" 150 bash -c "$IN_REV" in_rev "/tmp/rev-$name" compute-sanitizer --tool racecheck --error-exitcode 86 \
-    python3 -m kdtree.tools.sanitize_driver
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG|done" "$LOGS/racecheck-$name.log" | tail -3
+for i in "${!DIRS[@]}"; do
+  [ "${RACE[$i]}" = 1 ] || continue
+  export KDTREE_NVCC_FLAGS="${FLAGS[$i]}"
+  step "racecheck-${NAMES[$i]}" 150 bash -c "$IN_REV" in_rev "${DIRS[$i]}" compute-sanitizer --tool racecheck \
+    --error-exitcode 86 python3 -m kdtree.tools.sanitize_driver
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|WRONG|done" "$LOGS/racecheck-${NAMES[$i]}.log" | tail -3
 done
+unset KDTREE_NVCC_FLAGS
 tar czf "$OUT/compare-revs.tgz" -C "$LOGS" .
 echo "done in $(( $(date +%s) - START ))s"
