@@ -24,12 +24,15 @@ set -u
 WHICH=${1:?all, phase1, rest or urgent}
 source "$(dirname "$0")/device-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/machine.txt"
-record() {  # record PHASE TIMEOUT_S [--force]
+record() {  # record PHASE TIMEOUT_S [--force]: the run's new record (none if refused) into $OUT
+  local mark; mark=$(mktemp)
   timeout "$2" python3 -m kdtree.orchestrator --repo . run "$1" --device cuda ${3:-} 2>&1 \
     | grep -v "INFO - \|UserWarning" | tail -25 | tee -a "$OUT/records.log"
-  local newest; newest=$(ls -t plans/results/"$1"/2*.json 2>/dev/null | head -1)
-  [ -n "$newest" ] && cp "$newest" "$OUT/$1-$(basename "$newest")" \
-    && mkdir -p "/tmp/kdtree-records/$1" && cp "$newest" "/tmp/kdtree-records/$1/"
+  local newest; newest=$(find plans/results/"$1" -maxdepth 1 -name '2*.json' -newer "$mark" | sort | tail -1)
+  rm -f "$mark"
+  if [ -z "$newest" ]; then echo "$1: no new record" | tee -a "$OUT/records.log"; return 1; fi
+  cp "$newest" "$OUT/$1-$(basename "$newest")"
+  mkdir -p "/tmp/kdtree-records/$1" && cp "$newest" "/tmp/kdtree-records/$1/"
 }
 peers() {  # FlashInfer (and FlashMLA, SGLang's kernel files when carried) from .peers-carry onto the path
     _carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
