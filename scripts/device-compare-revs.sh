@@ -19,18 +19,7 @@ LOGS=/tmp/compare-revs; rm -rf "$LOGS"; mkdir -p "$LOGS"
 export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
 CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;16,64,1,131072;8,16,1,32768"}
 [ $# -gt 0 ] || { echo "usage: $0 REV[+race] ..." >&2; exit 2; }
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-step() {  # step NAME CAP CMD...: CMD under min(CAP, time left - 10 s), output in $LOGS/NAME.log
-  local name=$1 cap=$2; shift 2
-  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
-  if [ "$t" -lt 15 ]; then echo "== $name: skipped (budget spent)"; return 99; fi
-  timeout --kill-after=5 "$t" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
-  return $rc
-}
-# `bash -c "$IN_REV" in_rev DIR CMD...`: CMD run in DIR with DIR's kdtree first on the path
-IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
+source "$ROOT/scripts/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
 
 safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
@@ -54,20 +43,9 @@ wait
 echo "built ${#DIRS[@]} builds in $(( $(date +%s) - START )) s"
 
 for i in "${!DIRS[@]}"; do
-  dir=${DIRS[$i]} name=${NAMES[$i]}
   export KDTREE_NVCC_FLAGS="${FLAGS[$i]}"
-  echo "######## $name"
-  case "$KDTREE_NVCC_FLAGS" in
-    *KD_SKIP*) ;;  # a measurement build: its outputs are not the op's
-    *) step "check-$name" 90 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/check-$name" \
-         --quick --variants wgmma --impl none
-       grep -E "^(ok |BAD)" "$LOGS/check-$name.log" | awk '{print $1}' | sort | uniq -c
-       grep -E "^BAD|Error|error" "$LOGS/check-$name.log" | head -5 ;;
-  esac
-  step "time-$name" 120 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/time-$name" --time-only \
-    --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
-  sed -n '/^config /,$p' "$LOGS/time-$name.log"
-  grep -E "Error|error" "$LOGS/time-$name.log" | head -3
+  echo "######## ${NAMES[$i]}"
+  check_and_time "${NAMES[$i]}" "${DIRS[$i]}"
 done
 
 for i in "${!DIRS[@]}"; do

@@ -18,16 +18,7 @@ LOGS=/tmp/hopper-sweep; rm -rf "$LOGS"; mkdir -p "$LOGS"  # packed into $OUT/hop
 export KDTREE_CACHE_DIR=${KDTREE_CACHE_DIR:-/tmp/kdtree-jit}
 CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;8,1024,1,32768;16,64,1,131072;8,16,1,32768"}
 [ $# -gt 0 ] || set -- ""
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-step() {  # step NAME CAP CMD...: CMD under min(CAP, time left - 10 s), output in $OUT/NAME.log
-  local name=$1 cap=$2; shift 2
-  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
-  if [ "$t" -lt 15 ]; then echo "== $name: skipped (budget spent)"; return 99; fi
-  timeout --kill-after=5 "$t" "$@" > "$LOGS/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
-  return $rc
-}
+source "$(dirname "$0")/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 i=0
@@ -42,17 +33,7 @@ echo "built $# flag sets in $(( $(date +%s) - START )) s"
 i=0
 for f in "$@"; do
   echo "######## flags '$f'"
-  case "$f" in
-    *KD_SKIP*) ;;
-    *) KDTREE_NVCC_FLAGS="$f" step "check$i" 90 python3 -m kdtree.tools.devcheck --out "$LOGS/check$i" --quick \
-         --variants wgmma --impl none
-       grep -E "^(ok |BAD)" "$LOGS/check$i.log" | awk '{print $1}' | sort | uniq -c
-       grep -E "^BAD|Error|error" "$LOGS/check$i.log" | head -5 ;;
-  esac
-  KDTREE_NVCC_FLAGS="$f" step "time$i" 120 python3 -m kdtree.tools.devcheck --out "$LOGS/time$i" --time-only \
-    --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
-  sed -n '/^config /,$p' "$LOGS/time$i.log"
-  grep -E "Error|error" "$LOGS/time$i.log" | head -3
+  KDTREE_NVCC_FLAGS="$f" check_and_time "$i" "$(cd "$(dirname "$0")/.." && pwd)"
   i=$((i + 1))
 done
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Shared by the GPU-call scripts that build and measure kernel builds (device-hopper-sweep.sh,
+# device-compare-revs.sh); source it after setting BUDGET (seconds for the whole call), START
+# (`date +%s` at the call's start) and LOGS (a folder for the steps' logs).
+#   left                         seconds of the budget left
+#   step NAME CAP CMD...         CMD under min(CAP, left - 10 s), its output in $LOGS/NAME.log; a line
+#                                with its exit status (99: skipped, the budget is spent)
+#   check_and_time NAME DIR      devcheck in DIR (its kdtree first on the path) under the current
+#                                KDTREE_NVCC_FLAGS: the wgmma variant against the fp64 oracle (not
+#                                for KD_SKIP measurement builds), then timed against the same
+#                                build's ws kernel on $CONFIGS
+#   IN_REV                       `bash -c "$IN_REV" in_rev DIR CMD...` runs CMD in DIR that way
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() {
+  local name=$1 cap=$2; shift 2
+  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+  if [ "$t" -lt 15 ]; then echo "== $name: skipped (budget spent)"; return 99; fi
+  timeout --kill-after=5 "$t" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
+  return $rc
+}
+IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
+check_and_time() {
+  local name=$1 dir=$2
+  case "${KDTREE_NVCC_FLAGS:-}" in
+    *KD_SKIP*) ;;  # a measurement build: its outputs are not the op's
+    *) step "check-$name" 90 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/check-$name" \
+         --quick --variants wgmma --impl none
+       grep -E "^(ok |BAD)" "$LOGS/check-$name.log" | awk '{print $1}' | sort | uniq -c
+       grep -E "^BAD|Error|error" "$LOGS/check-$name.log" | head -5 ;;
+  esac
+  step "time-$name" 120 bash -c "$IN_REV" in_rev "$dir" python3 -m kdtree.tools.devcheck --out "$LOGS/time-$name" \
+    --time-only --impl none --compare-variants ws,wgmma --configs "$CONFIGS"
+  sed -n '/^config /,$p' "$LOGS/time-$name.log"
+  grep -E "Error|error" "$LOGS/time-$name.log" | head -3
+}
