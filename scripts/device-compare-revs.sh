@@ -36,8 +36,7 @@ for spec in "$@"; do
   fi
   echo "$spec = $(git -C "$dir" rev-parse --short HEAD)${flags:+ with $flags}"
   DIRS+=("$dir"); NAMES+=("$name"); FLAGS+=("$flags"); RACE+=("$race")
-  KDTREE_NVCC_FLAGS="$flags" timeout 300 bash -c "$IN_REV" in_rev "$dir" \
-    python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" > "$LOGS/build-$name.log" 2>&1 &
+  KDTREE_NVCC_FLAGS="$flags" build_sm90a "$name" "$dir" &
 done
 wait
 echo "built ${#DIRS[@]} builds in $(( $(date +%s) - START )) s"

@@ -21,10 +21,10 @@ CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;8,
 source "$(dirname "$0")/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 i=0
 for f in "$@"; do
-  KDTREE_NVCC_FLAGS="$f" timeout 300 python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" \
-    > "$LOGS/build$i.log" 2>&1 &
+  KDTREE_NVCC_FLAGS="$f" build_sm90a "$i" "$ROOT" &
   i=$((i + 1))
 done
 wait
@@ -33,7 +33,7 @@ echo "built $# flag sets in $(( $(date +%s) - START )) s"
 i=0
 for f in "$@"; do
   echo "######## flags '$f'"
-  KDTREE_NVCC_FLAGS="$f" check_and_time "$i" "$(cd "$(dirname "$0")/.." && pwd)"
+  KDTREE_NVCC_FLAGS="$f" check_and_time "$i" "$ROOT"
   i=$((i + 1))
 done
 

@@ -54,8 +54,12 @@ peers() {  # FlashInfer (and FlashMLA, SGLang's kernel files when carried) from 
       echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
     fi
 }
-_start=$(date +%s)
-left() { echo $(( ${ALL_BUDGET:-570} - ($(date +%s) - _start) )); }
+user_path_tests() {  # user_path_tests TIMEOUT_S: the torch op and the SGLang integration on the GPU (issue 29)
+  timeout "$1" python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
+    tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
+}
+BUDGET=${ALL_BUDGET:-570} START=$(date +%s)
+source "$(dirname "$0")/device-steps.sh"  # left: what is left of BUDGET
 case "$WHICH" in
   phase1)
     peers
@@ -69,18 +73,14 @@ case "$WHICH" in
       record "$p" "$t"
     done
     t=$(( $(left) - 5 ))
-    if [ "$t" -ge 30 ]; then
-      timeout "$t" python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
-        tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
-    fi ;;
+    [ "$t" -ge 30 ] && user_path_tests "$t" ;;
   rest)
     for f in /tmp/kdtree-records/phase1/2*.json; do  # the phase-1 record of a call just before, same machine
       [ -f "$f" ] && [ ! -f "plans/results/phase1/$(basename "$f")" ] && cp "$f" plans/results/phase1/ \
         && echo "phase 1's record from the previous call: $(basename "$f")" | tee -a "$OUT/records.log"
     done
     for p in phase2 phase3 phase4; do record "$p" 250; done
-    timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
-      tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log" ;;
+    user_path_tests 240 ;;
   urgent)
     record phase4 200 --force
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_runs.py -m gpu \

@@ -9,6 +9,8 @@
 #                                KDTREE_NVCC_FLAGS: the wgmma variant against the fp64 oracle (not
 #                                for KD_SKIP measurement builds), then timed against the same
 #                                build's ws kernel on $CONFIGS
+#   build_sm90a NAME DIR         the JIT's sm_90a extension of DIR under the current KDTREE_NVCC_FLAGS
+#                                (log in $LOGS/build-NAME.log); run several with & and wait
 #   IN_REV                       `bash -c "$IN_REV" in_rev DIR CMD...` runs CMD in DIR that way
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {
@@ -21,6 +23,10 @@ step() {
   return $rc
 }
 IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
+build_sm90a() {
+  timeout 300 bash -c "$IN_REV" in_rev "$2" \
+    python3 -c "from kdtree.kernels.jit import build_extension; build_extension(['sm_90a'])" > "$LOGS/build-$1.log" 2>&1
+}
 check_and_time() {
   local name=$1 dir=$2
   case "${KDTREE_NVCC_FLAGS:-}" in
