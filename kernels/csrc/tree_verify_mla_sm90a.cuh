@@ -78,7 +78,7 @@ constexpr int kBlockBytes = kBN * 128;  // one 64-column block of a tile (see wg
 constexpr int kRescaleLog2 = 8;         // as the ws variant: the running max moves by > 2^8 only
 constexpr int kValueHalf = kValueDim / 2;  // output columns per consumer warpgroup
 // Named barriers (0 is __syncthreads).
-constexpr int kBarQ = 1, kBarB1 = 3, kBarEpilogue = 4;  // kBarB1: warpgroup 1's vote on O's rescale
+constexpr int kBarQ = 1, kBarEpilogue = 4;
 constexpr int kBarMA = 5, kBarSB = 6, kBarPB = 7;  // tile a's stats and P, tile b's stats, P_b
 struct Smem {
   static constexpr int q_off = 0;
@@ -431,22 +431,6 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     if (has_b) named_barrier_sync(kBarSB, kConsumers);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
-    // When no row of the warpgroup moved its max with tile b (the common case under the lazy
-    // rescale), O needs no rescale between the two PVs: P_b V_b follows P_a V_a on the tensor pipe
-    // at once, and P_b goes to shared memory while they run.
-    const bool no_rescale = has_b && !named_barrier_sync_or(kBarB1, 128, sb[0] != 1.f || sb[1] != 1.f);
-    if (no_rescale) {
-      pack_p(s, pa);
-      issue_pv_rs(o, pa, stage_addr(c.sbase, 1) + v_half);
-      wgmma_wait<1>();  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
-      mbar_arrive(&c.empty[0]);
-      store_p(c.smem, pa, t);  // P_b for warpgroup 0's half of P_b V_b
-      fence_proxy_async_shared();
-      named_barrier_sync(kBarPB, kConsumers);
-      wait_mma<0>(o);
-      mbar_arrive(&c.empty[1]);
-      continue;
-    }
     wait_mma<0>(o);  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
     mbar_arrive(&c.empty[0]);
     if (has_b) {
