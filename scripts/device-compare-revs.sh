@@ -31,7 +31,9 @@ for spec in "$@"; do
   name=$(safe "$spec"); dir=/tmp/rev-$(safe "$rev")
   if [ ! -d "$dir" ]; then
     if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
-      echo "== $rev: no such revision here"; cat "$LOGS/worktree-$name.log"; continue
+      echo "== $rev: no such revision here (local branches other than main do not reach the GPU machine:"
+      echo "   make it there first, e.g. git apply plans/experiments/NAME.patch in a worktree of main, commit, git branch)"
+      cat "$LOGS/worktree-$name.log"; continue
     fi
   fi
   echo "$spec = $(git -C "$dir" rev-parse --short HEAD)${flags:+ with $flags}"
