@@ -7,7 +7,9 @@
 # sanitizer driver on each revision marked with a trailing '+race'. A revision may carry build flags
 # after a colon ("main:-DKD_SKIP=8": a measurement build without tile loads, timed but not checked).
 # Experiments live on branches, so main's sources (the phase records' inputs) stay as they are.
-#   bash scripts/device-compare-revs.sh c96222d main "main:-DKD_SKIP=8" exp-stagger+race
+# Only main's history reaches the GPU machine, so an experiment travels as its patch: a revision
+# that is a .patch file in the repo (plans/experiments/) is HEAD with that patch applied.
+#   bash scripts/device-compare-revs.sh c96222d main "main:-DKD_SKIP=8" plans/experiments/v6.8-early-pb-v-b-vote-on-sb.patch+race
 # (carry .whl.) Each revision is checked out once (under /tmp/rev-REV), whatever its flag sets. Logs land in $OUT/compare-revs.tgz; the call stays within COMPARE_BUDGET seconds
 # (default 300). CONFIGS="H,T,B,L;..." overrides the configs.
 set -u
@@ -23,20 +25,25 @@ source "$ROOT/scripts/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
 
 safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
+checkout_rev() {  # checkout_rev REV DIR: a worktree of REV, or of HEAD with REV applied where REV is a .patch file
+  case "$1" in
+    *.patch) [ -f "$ROOT/$1" ] || { echo "no file $1"; return 1; }
+             git -C "$ROOT" worktree add -f --detach "$2" HEAD && git -C "$2" apply "$ROOT/$1" ;;
+    *) git -C "$ROOT" worktree add -f --detach "$2" "$1" ;;
+  esac
+}
 declare -a DIRS NAMES FLAGS RACE
 rm -rf /tmp/rev-*; git -C "$ROOT" worktree prune  # nothing of an earlier call on this machine
 for spec in "$@"; do
   race=0; case "$spec" in *+race) race=1; spec=${spec%+race} ;; esac
   rev=${spec%%:*}; flags=""; [ "$rev" != "$spec" ] && flags=${spec#*:}
   name=$(safe "$spec"); dir=/tmp/rev-$(safe "$rev")
-  if [ ! -d "$dir" ]; then
-    if ! git -C "$ROOT" worktree add -f --detach "$dir" "$rev" > "$LOGS/worktree-$name.log" 2>&1; then
-      echo "== $rev: no such revision here (local branches other than main do not reach the GPU machine:"
-      echo "   make it there first, e.g. git apply plans/experiments/NAME.patch in a worktree of main, commit, git branch)"
-      cat "$LOGS/worktree-$name.log"; continue
-    fi
+  if [ ! -d "$dir" ] && ! checkout_rev "$rev" "$dir" > "$LOGS/worktree-$name.log" 2>&1; then
+    echo "== $rev: no such revision or patch here (of the branches only main's history reaches the GPU"
+    echo "   machine: name an experiment by its patch, plans/experiments/NAME.patch)"
+    cat "$LOGS/worktree-$name.log"; continue
   fi
-  echo "$spec = $(git -C "$dir" rev-parse --short HEAD)${flags:+ with $flags}"
+  echo "$spec = $(git -C "$dir" rev-parse --short HEAD)$(git -C "$dir" diff --quiet || echo " + ${rev##*/}")${flags:+ with $flags}"
   DIRS+=("$dir"); NAMES+=("$name"); FLAGS+=("$flags"); RACE+=("$race")
   KDTREE_NVCC_FLAGS="$flags" build_sm90a "$name" "$dir" &
 done
