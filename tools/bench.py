@@ -22,7 +22,6 @@ here touches CUDA at import time.
 from __future__ import annotations
 
 import datetime
-import functools
 import importlib
 import math
 import platform
@@ -39,6 +38,7 @@ import click
 import torch
 
 from kdtree.bench.cases import LAYOUTS, case_args, make_pool, pool_slots_for, uniform_case
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds, grid
 from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import UsageError, common_options
@@ -48,7 +48,7 @@ from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.bench_report import write_report
 
 IMPLEMENTATIONS = {
-    "cuda": "kdtree.kernels.cuda_op:launch",
+    "cuda": "kdtree.kernels:tree_verify_mla",
     "triton": "kdtree.kernels.triton_baseline:tree_verify_mla_triton",
     "naive": "kdtree.kernels.naive:tree_verify_mla_naive",
 }
@@ -215,8 +215,8 @@ def load_impls(names: list[str], variant: Optional[str] = None, num_splits: Opti
     for name in names:
         module, attr = IMPLEMENTATIONS[name].split(":")
         fns[name] = getattr(importlib.import_module(module), attr)
-        if name == "cuda":
-            fns[name] = functools.partial(fns[name], variant=variant, num_splits=num_splits)
+        if name == "cuda" and (variant is not None or num_splits is not None):
+            fns[name] = forced_kernel(variant, num_splits)
     return fns
 
 

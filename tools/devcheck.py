@@ -17,7 +17,6 @@ first's, per config and in the median.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -34,6 +33,7 @@ import torch
 
 from kdtree.bench.accuracy_cases import ACCURACY_CASES
 from kdtree.bench.cases import call, make_case, make_pool, oracle, pool_slots_for
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds
 from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import common_options
@@ -47,9 +47,7 @@ TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8,
 
 def kernel(variant: Optional[str] = None, num_splits: Optional[int] = None):
     """The CUDA kernel as an op-contract callable, with its variant / split count forced."""
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
-    return functools.partial(launch, variant=variant, num_splits=num_splits)
+    return forced_kernel(variant, num_splits)
 
 
 def check_correctness(fn, trials: int = 2) -> list[dict]:

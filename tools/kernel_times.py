@@ -14,7 +14,6 @@ GPU only.
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ import click
 import torch
 
 from kdtree.bench.cases import call, make_case
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, floor_seconds
 from kdtree.bench.timing import gpu_timer, measure_ceilings
 from kdtree.cli_support import common_options
@@ -70,8 +70,6 @@ def parse_split_list(text: str) -> list:
 @common_options
 def command(configs, splits, variant, reps) -> int:
     cli.require_cuda("kdtree.tools.kernel_times", "it times the kernel's launches with the CUDA profiler")
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
     bw, rate = measure_ceilings()
     timer = gpu_timer()
     click.echo(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
@@ -79,7 +77,7 @@ def command(configs, splits, variant, reps) -> int:
         case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))
         floor_us = floor_seconds(Shape(H, T, B, L), bw, rate) * 1e6
         for n_splits in splits:
-            fn = functools.partial(launch, variant=variant, num_splits=n_splits)
+            fn = forced_kernel(variant, n_splits)
             times = kernel_times(lambda: call(fn, case), reps, timer)
             parts = {short_name(k): statistics.median(v) for k, v in times.items()}
             total = sum(parts.values())

@@ -17,7 +17,6 @@ wgmma variant while the default dispatch does not pick it yet.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ import torch
 
 from kdtree.bench import flashinfer_peer, flashmla_peer
 from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, floor_seconds, grid
 from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
 from kdtree.cli_support import common_options
@@ -142,9 +142,7 @@ def command(**options) -> int:
     cli.require_cuda("kdtree.tools.peers", "it times our kernel against FlashInfer's on the GPU")
     ours = tree_verify_mla
     if args.variant:
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
-        ours = functools.partial(launch, variant=args.variant)
+        ours = forced_kernel(args.variant)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     peers = {}

@@ -35,7 +35,7 @@ FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it woul
 def command() -> int:
     cli.require_cuda("kdtree.tools.sanitize_driver", "it launches every kernel variant")
     from kdtree.bench.cases import make_case  # noqa: PLC0415
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+    from kdtree.bench.forced import forced_kernel  # noqa: PLC0415
     from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
     from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
 
@@ -48,8 +48,8 @@ def command() -> int:
                 nq = host["q"].shape[0]
                 out = torch.full((nq, H, 512), float("nan"), dtype=torch.bfloat16).to("cuda")
                 lse = torch.full((nq, H), float("nan"), dtype=torch.float32).to("cuda")
-                launch(dev["q"], dev["kv_cache"], dev["qo_indptr"], dev["kv_indptr"], dev["kv_indices"],
-                       dev["tree_mask"], dev["sm_scale"], out=out, lse=lse, variant=variant, num_splits=splits)
+                forced_kernel(variant, splits)(dev["q"], dev["kv_cache"], dev["qo_indptr"], dev["kv_indptr"],
+                                               dev["kv_indices"], dev["tree_mask"], dev["sm_scale"], out=out, lse=lse)
                 got = out.to("cpu").double()
                 ref = tree_verify_mla_reference(host["q"].double(), host["kv_cache"].double(), host["qo_indptr"],
                                                 host["kv_indptr"], host["kv_indices"], host["tree_mask"],

@@ -23,7 +23,6 @@ Writes variant_audit.json into --out (default $OUT or .).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
@@ -53,9 +52,9 @@ class ForcedVariantBackend(OpBackend):
         self.variant = variant
 
     def _op(self, which: str) -> Callable:
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+        from kdtree.bench.forced import forced_kernel  # noqa: PLC0415
 
-        return functools.partial(launch, variant=self.variant)
+        return forced_kernel(self.variant)
 
 
 def path_tree(path: Sequence[int], branch_nodes: int, vocab: int, seed: int) -> tuple[TokenTree, list[int]]:

@@ -443,7 +443,7 @@ def captured_launch_loss(batch: int, tree: int, size: int, heads: int, ctx: Gate
         tg, te = interleaved(lambda i: graph.replay(), eager, warmup=3, repeats=repeats, timer=timer)
         g, e = statistics.median(tg), statistics.median(te)
         exact_plan = cached_plan(Problem(bucket.rows, heads, batch, bucket.mask_words, inp["kv_cache"].shape[0]),
-                                 exact.numel(), state.sm_count, state.capability)
+                                 exact.numel(), state)
         rows.append({"batch": batch, "tree": tree, "bucket_context": size, "context": length, "heads": heads,
                      "captured_ms": g * 1e3, "exact_ms": e * 1e3, "loss": g / e - 1.0, "agree": agree,
                      "bucket_splits": plan.num_splits, "exact_splits": exact_plan.num_splits,

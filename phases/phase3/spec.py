@@ -23,8 +23,8 @@ SPEC = PhaseSpec(
                "tree-budget / context bucket into CUDA graphs and replayed with fresh inputs written into "
                "static buffers, in the engine and through SGLang 0.5.23's graph API for target verify."),
     deliverables=[
-        "kdtree.kernels.launch_plan.plan_for_bucket: one launch plan per bucket, split count weighed over the "
-        "bucket's lengths; cuda_op.launch(variant=, num_splits=) in graph mode",
+        "kdtree.kernels.plan_bucket: one launch plan per bucket, split count weighed over the "
+        "bucket's lengths, held and launched as it is (launch(plan=)) in graph mode",
         "kdtree.engine.graph_capture: static buffers sized by tokens and tree words, capture per bucket with one "
         "shared memory pool, eager fallback; `python -m kdtree.engine generate --cuda-graph/--no-cuda-graph`",
         "kdtree.integrations.sglang: init_cuda_graph_state / init_forward_metadata_out_graph / _in_graph / "

@@ -94,9 +94,10 @@ def _drop_tail_past_8192(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None
 def split_edges(q, qo, kvp, mask, num_kv, sm_count=132):
     """Where the ws kernel's KV splits start (after the first) for this call at `sm_count` SMs (as an
     sm_120 card plans it: 32-row CTAs, 32-key tiles; a 9.0 device dispatches wgmma from 64 rows)."""
-    from kdtree.kernels.launch_plan import BLOCK_N, plan_launch
+    from kdtree.kernels.device_facts import DeviceFacts
+    from kdtree.kernels.launch_plan import BLOCK_N, plan as make_plan
 
-    plan = plan_launch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, sm_count, (12, 0))
+    plan = make_plan(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, DeviceFacts(sm_count, (12, 0)))
     edges = {}
     kv_l = kvp.tolist()
     for b in range(len(kv_l) - 1):
