@@ -40,9 +40,8 @@ import torch
 from kdtree.bench.cases import LAYOUTS, case_args, make_pool, pool_slots_for, uniform_case
 from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds, grid
-from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.bench.timing import FLUSH_MODES, make_timer, measure_ceilings, round_robin
 from kdtree.cli_support import UsageError, common_options
-from kdtree.gates.timing import FLUSH_MODES
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.bench_report import write_report
@@ -107,7 +106,7 @@ class _CostModel:
 def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: float, rate: float,
                  seed: int, model: _CostModel, timer) -> list[dict]:
     """Rows for one shape and layout: every implementation checked, then timed interleaved by
-    ``timer`` (`kdtree.bench.timing.gpu_timer`); a row notes the calls whose host time exceeded
+    ``timer`` (`kdtree.bench.timing.make_timer`); a row notes the calls whose host time exceeded
     the timer's lead, since their GPU time may include host gaps."""
     cases = [uniform_case(shape.H, shape.T, shape.B, shape.L, layout, pool, seed + i) for i in range(INPUT_SETS)]
     floor = floor_seconds(shape, bw, rate)
@@ -153,7 +152,8 @@ def bench_config(shape: Shape, layout: str, fns: dict, pool: torch.Tensor, bw: f
     reps = {n: min(MAX_REPS, max(MIN_REPS, math.ceil(TARGET_SECONDS / max(first[n], 1e-6)))) for n in outs}
     calls = {n: (lambda r, n=n: fns[n](*case_args(cases[r % INPUT_SETS]), out=outs[n][r % INPUT_SETS]))
              for n in outs}
-    gpu, host = time_round_robin(calls, reps, timer)
+    host = {name: [] for name in calls}
+    gpu = round_robin(calls, repeats=reps, timer=timer, host=host)
     lead_s = getattr(timer, "lead_s", 0.0)
     for name, times in gpu.items():
         med = _median(times)
@@ -262,7 +262,7 @@ def run(impl_names: list[str], shapes: list[Shape], layouts: list[str], pool_gb:
     log(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     pool = make_pool(pool_slots_for(pool_gb), device)
     log(f"pool: {pool.shape[0]} slots ({pool.numel() * 2 / 2**30:.1f} GiB)")
-    timer = gpu_timer(device, flush_mode)
+    timer = make_timer(device, flush_mode=flush_mode)
     facts = machine_facts(bw, rate, argv, device)
     impl_errors = prepare(fns, pool, log)
     facts.update(pool_slots=pool.shape[0], layouts=list(layouts), impls=list(fns), impl_errors=impl_errors,

@@ -35,7 +35,7 @@ from kdtree.bench.accuracy_cases import ACCURACY_CASES
 from kdtree.bench.cases import call, make_case, make_pool, oracle, pool_slots_for
 from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds
-from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.bench.timing import make_timer, measure_ceilings, round_robin
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
@@ -142,7 +142,7 @@ def time_configs(configs, pool, bw, fl, fns: dict, timer, budget_s: float = 2.0,
                 row[name] = dict(rel_vs_first=rel)
                 calls[name] = lambda r, fn=fn: call(fn, case)
                 reps[name] = max(5, min(50, int(0.3 / max(first, 1e-5))))
-            gpu, _ = time_round_robin(calls, reps, timer)
+            gpu = round_robin(calls, repeats=reps, timer=timer)
             for name, ts in gpu.items():
                 med = statistics.median(ts)
                 row[name].update(ms=med * 1e3, min_ms=min(ts) * 1e3, max_ms=max(ts) * 1e3, roofline=floor / med,
@@ -255,7 +255,7 @@ def command(**options) -> int:
         report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
         print(f"copy {bw / 1e9:.0f} GB/s  matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
         pool = make_pool(pool_slots_for(args.pool_gb))
-        timer = gpu_timer()
+        timer = make_timer()
         configs = args.configs or (TIMING[:4] if args.quick else TIMING)
         if args.compare_variants:
             print(f"-- variants interleaved: {', '.join(args.compare_variants)}", flush=True)

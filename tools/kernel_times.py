@@ -25,7 +25,7 @@ import torch
 from kdtree.bench.cases import call, make_case
 from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, floor_seconds
-from kdtree.bench.timing import gpu_timer, measure_ceilings
+from kdtree.bench.timing import make_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
@@ -71,7 +71,7 @@ def parse_split_list(text: str) -> list:
 def command(configs, splits, variant, reps) -> int:
     cli.require_cuda("kdtree.tools.kernel_times", "it times the kernel's launches with the CUDA profiler")
     bw, rate = measure_ceilings()
-    timer = gpu_timer()
+    timer = make_timer()
     click.echo(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     for H, T, B, L in configs:
         case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))

@@ -33,7 +33,7 @@ from kdtree.bench import flashinfer_peer, flashmla_peer
 from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
 from kdtree.bench.forced import forced_kernel
 from kdtree.bench.roofline import Shape, floor_seconds, grid
-from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.bench.timing import make_timer, measure_ceilings, round_robin
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli, tree_verify_mla
 
@@ -83,7 +83,8 @@ def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, timer, reps
         calls[name] = lambda r, run=run: run()
     for fn in calls.values():
         fn(0)
-    gpu, host = time_round_robin(calls, {n: reps for n in calls}, timer)
+    host = {name: [] for name in calls}
+    gpu = round_robin(calls, repeats=reps, timer=timer, host=host)
     for name, ts in gpu.items():
         row[f"{name}_ms"] = statistics.median(ts) * 1e3
         row[f"{name}_spread"] = [min(ts) * 1e3, max(ts) * 1e3]
@@ -163,7 +164,7 @@ def command(**options) -> int:
             print(f"flashmla: loaded flash_mla {flashmla_peer.version()}", flush=True)
     bw, rate = measure_ceilings()
     pool = make_pool(pool_slots_for(args.pool_gb))
-    timer = gpu_timer()
+    timer = make_timer()
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                  flashinfer=(flashinfer_peer.version() or "absent") + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
                  variant=args.variant or "dispatch", flash_mla=flashmla_peer.version() if args.flashmla else None,

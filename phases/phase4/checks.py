@@ -23,16 +23,13 @@ from kdtree.bench.defrag_measure import (
     upload_seconds, verify_step_hbm_bytes,
 )
 from kdtree.bench.spec_churn import Arrival, serve
-from kdtree.bench.timing import LEAD_S
+from kdtree.bench.timing import gpu_cycles_per_s, make_timer, sleep_cycles
 from kdtree.engine import ModelConfig, build_model
 from kdtree.engine.config import preset
 from kdtree.engine.relocation import Relocator
 from kdtree.engine.run_metadata import expand_runs, indices_metadata_bytes, runs_metadata_bytes
 from kdtree.gates.base import GateContext, GateResult
 from kdtree.gates.metric import check_metric
-from kdtree.gates.timing import (
-    cuda_event_timer, gpu_cycles_per_s, l2_flush_bytes, perf_counter_timer, sleep_cycles,
-)
 from kdtree.kernels import tree_verify_mla
 from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.masks import pack_tree_masks
@@ -401,10 +398,7 @@ def _owned_kernel():
 
 
 def _timer(device):
-    if device.type == "cuda":
-        return cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=LEAD_S)
-
-    return perf_counter_timer
+    return make_timer(device)
 
 
 def _timed_step(run, kernel_fn, q, masks, device) -> float:

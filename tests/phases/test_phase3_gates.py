@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kdtree.bench import graph_cases
 from kdtree.bench.verify_step import StepInputs
 from kdtree.gates.base import GateContext, Outcome
 from kdtree.orchestrator.plan import resolve_check
@@ -92,7 +93,7 @@ def test_gpu_replay_equal_passes_on_the_real_path():
 
 def frozen_ranges(plan):
     """Splits cut from the kv_indptr seen first (the capture-time lengths): a frozen grid."""
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
     first = {}
 
     def fn(inputs, outputs):
@@ -114,7 +115,7 @@ def test_gpu_replay_equal_fails_on_ranges_frozen_at_capture():
 
 def leaky(plan):
     """Replays equal their eager calls, but every row sees the whole tree: only the oracle sees it."""
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
 
     def fn(inputs, outputs):
         inputs["tree_mask"].fill_(-1)
@@ -144,7 +145,7 @@ def test_gpu_capture_clean_passes_on_the_real_path():
 
 
 def syncing(plan):
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
 
     def fn(inputs, outputs):
         if int(inputs["kv_indptr"][-1]) < 0:  # a device-to-host read before the launch
@@ -166,7 +167,7 @@ def allocating(plan):
 
     def fn(inputs, outputs):
         out = launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-                     inputs["tree_mask"], phase3_checks.SM_SCALE, plan=plan)  # no out=: the launch allocates it
+                     inputs["tree_mask"], graph_cases.SM_SCALE, plan=plan)  # no out=: the launch allocates it
         outputs["out"].copy_(out)
         outputs["lse"].zero_()
     return fn
@@ -214,7 +215,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
     from kdtree.kernels.reference import tree_verify_mla_reference
 
     bucket = Bucket(3, 16, 256)
-    draws = [phase3_checks.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
+    draws = [graph_cases.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
     assert len({tuple((k, tuple(v.shape), v.dtype) for k, v in d.items()) for d in draws}) == 1
     lives = {int((d["qo_indptr"][1:] > d["qo_indptr"][:-1]).sum()) for d in draws}
     lens = {int(d["kv_indptr"][1] - d["qo_indptr"][1]) for d in draws}
@@ -226,7 +227,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
         n, k = qo[live], kv[live]
         out = tree_verify_mla_reference(d["q"][:n].contiguous(), d["kv_cache"], d["qo_indptr"][: live + 1],
                                         d["kv_indptr"][: live + 1], d["kv_indices"][:k].contiguous(),
-                                        d["tree_mask"][:n].contiguous(), phase3_checks.SM_SCALE)
+                                        d["tree_mask"][:n].contiguous(), graph_cases.SM_SCALE)
         assert torch.isfinite(out.float()).all()
         assert len(set(d["kv_indices"][:k].tolist())) == k  # fresh, distinct slots
 

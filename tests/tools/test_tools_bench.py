@@ -126,11 +126,12 @@ class _RecordingTimer(timing.HostTimer):
 def test_round_robin_interleaves_through_the_timer_and_returns_host_seconds():
     log = []
     calls = {"a": lambda r: log.append(f"a{r}"), "b": lambda r: (log.append(f"b{r}"), time.sleep(0.002))}
-    gpu, host = timing.time_round_robin(calls, {"a": 2, "b": 1}, _RecordingTimer(log))
+    host = {"a": [], "b": []}
+    gpu = timing.round_robin(calls, repeats={"a": 2, "b": 1}, timer=_RecordingTimer(log), host=host)
     assert log == ["timed", "a0", "timed", "b0", "timed", "a1"]
     assert [len(gpu["a"]), len(gpu["b"]), len(host["a"]), len(host["b"])] == [2, 1, 2, 1]
     assert host["b"][0] >= 0.002 and host["a"][0] < host["b"][0]
-    assert isinstance(timing.gpu_timer("cpu"), timing.HostTimer)  # no queued timer off CUDA
+    assert isinstance(timing.make_timer("cpu"), timing.HostTimer)  # no queued timer off CUDA
 
 
 def test_bench_config_reports_host_time_and_lead_overruns(pool, monkeypatch):
@@ -243,8 +244,9 @@ def test_gpu_timer_keeps_host_time_out_of_the_timings():
         time.sleep(0.005)  # 5 ms on the host before the launch
         x.add_(1)
 
-    plain, _ = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.0))
-    led, led_host = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.02))
+    plain = timing.round_robin({"k": call}, repeats=3, timer=timing.make_timer(lead_s=0.0))
+    led_host = {"k": []}
+    led = timing.round_robin({"k": call}, repeats=3, timer=timing.make_timer(lead_s=0.02), host=led_host)
     assert min(plain["k"]) >= 0.0049, plain  # idle GPU: the host's 5 ms are counted
     assert max(led["k"]) < 0.0025, led  # queued behind the busy-wait: only GPU time
     assert min(led_host["k"]) >= 0.005  # host time reported separately
