@@ -21,6 +21,7 @@ from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_SM
 from kdtree.bench.roofline import Shape, floor_seconds, floors
 from kdtree.bench.layouts import time_layouts
 from kdtree.bench.sanitize_cases import DONE_MARKER
+from kdtree.bench.structured_cases import dominant_key_case, row_scale
 from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
 from kdtree.bench import timing
 from kdtree.engine import build_model, generate
@@ -34,13 +35,12 @@ from kdtree.gates.token_exact import RunStats, Stream
 from kdtree.kernels import triton_baseline, tree_verify_mla
 from kdtree.kernels.jit import compile_arch
 from kdtree.kernels.naive import tree_verify_mla_naive
-from kdtree.phases.phase1.cases import dominant_key_case, row_scale
 from kdtree.phases.phase1.coverage import accuracy_cases as coverage, device_variants
 from kdtree.phases.phase1.peers import add_flashmla_figures, add_peer_figures
 from kdtree.phases.phase1.sm120 import (
     PREFIX as SM120, add_mma_ceiling_figures, extension_smem_bytes, hold_smem, sm120_path, variants_by_config,
 )
-from kdtree.phases.phase1.tokens import (
+from kdtree.bench.token_probe import (
     counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
 )
 

@@ -202,7 +202,7 @@ def test_the_split_boundary_candidate_is_not_vacuous():
 
 def test_dominant_key_cases_make_their_marked_keys_dominate():
     from kdtree.bench.cases import oracle
-    from kdtree.phases.phase1.cases import marked_positions
+    from kdtree.bench.structured_cases import marked_positions
 
     case = phase1_checks._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
     _, lse = oracle(case)
@@ -374,7 +374,7 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
 
 
 def test_a_length_mismatch_between_runs_is_an_error():
-    from kdtree.phases.phase1.tokens import same_length
+    from kdtree.bench.token_probe import same_length
 
     with pytest.raises(ValueError, match="returned 3 token streams and the reference 4"):
         same_length("x", [[1]] * 3, [[1]] * 4)
