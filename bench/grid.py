@@ -18,10 +18,12 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Optional
+
 import torch
+
 from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
 from kdtree.bench.forced import forced_kernel
-from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds, grid
+from kdtree.bench.roofline import Shape, bytes_moved, floor_seconds, flops, grid
 from kdtree.bench.timing import make_timer, measure_ceilings, round_robin
 
 

@@ -34,6 +34,7 @@ from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
 from kdtree.tools.bench_report import write_report
 
+
 DEFAULT_OUT = "plans/results/phase1"
 
 

@@ -17,37 +17,19 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from collections import defaultdict
 
 import click
 import torch
 
 from kdtree.bench.cases import call, make_case
 from kdtree.bench.forced import forced_kernel
+from kdtree.bench.kernel_check import parse_configs
+from kdtree.bench.kernel_profile import kernel_times
 from kdtree.bench.roofline import Shape, floor_seconds
 from kdtree.bench.timing import make_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
-from kdtree.tools.devcheck import parse_configs
-
-
-def kernel_times(fn, reps: int, timer) -> dict[str, list[float]]:
-    """Microseconds per launch of each of the project's CUDA kernels (namespace kdtree) that `fn`
-    runs, over `reps` calls, each queued by ``timer``."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(reps):
-            timer(fn)
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "kdtree" in ev.name:
-            times[ev.name].append(ev.time_range.end - ev.time_range.start)
-    return times
 
 
 def short_name(name: str) -> str:

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import click
 
+from kdtree.bench.step_profile import profile_step
 from kdtree.cli_support import MachineError, common_options
 from kdtree.kernels import cli
-from kdtree.bench.step_profile import profile_step
 
 
 @click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
