@@ -56,12 +56,11 @@ STRUCTURED_CASES = [
     ("dominant mixed H16", 16, [(5, 9000), (33, 100), (1, 0)], "random"),
 ]
 
-# Speed configs at L >= 32k (the targets are stated there): (H, T, B, L).
-SPEED_CONFIGS = [(8, 16, 1, 32768), (8, 64, 1, 32768), (64, 16, 1, 32768), (64, 64, 1, 32768),
-                 (8, 16, 8, 32768), (64, 16, 8, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
-                 (16, 512, 1, 32768), (8, 1024, 1, 32768), (8, 16, 1, 131072), (16, 64, 1, 131072)]
-SPEED_CONFIGS_QUICK = SPEED_CONFIGS[:4]
-SCATTER_CONFIGS = [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768), (128, 64, 1, 32768)]
+
+
+def _workload(spec, ctx: GateContext) -> dict:
+    """The gate's workload in the spec for this run: its "quick" one on a quick run where it has one."""
+    return spec.workload["quick" if ctx.quick and "quick" in spec.workload else "full"]
 
 
 def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
@@ -268,7 +267,8 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     sm120_smem_per_sm = sm120_smem_per_sm or SM120_SMEM_PER_SM
     ctx.progress("measuring copy bandwidth and bf16 matmul rate", None)
     bw, rate = timing.measure_ceilings()
-    pool = _Pool(2.0 if ctx.quick else 8.0).tensor
+    workload = _workload(spec, ctx)
+    pool = _Pool(workload["pool_gb"]).tensor
 
     def config(H, T, B, L):
         return SpeedConfig(
@@ -276,7 +276,7 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
             make_inputs=lambda seed, device: uniform_case(H, T, B, L, "scattered", pool, seed),
             refresh=refresh_queries)
 
-    configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
+    configs = [config(*c) for c in workload["configs"]]
     op = candidate_fn or tree_verify_mla
     floor_s = lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate)  # noqa: E731
     with_sm120 = baseline_name == "triton"
@@ -315,10 +315,12 @@ def check_scatter(spec, ctx: GateContext) -> GateResult:
     """The kernel on scattered vs contiguous slots, same shapes, GPU time (`_gpu_timer`)
     interleaved; host enqueue time per layout in the details."""
 
-    pool = _Pool(8.0).tensor
+    workload = _workload(spec, ctx)
+    pool = _Pool(workload["pool_gb"]).tensor
     timer = _gpu_timer()
-    rows = [time_layouts(tree_verify_mla, H, T, B, L, pool, ctx.fresh_seed(), timer)
-            for H, T, B, L in SCATTER_CONFIGS]
+    rows = [time_layouts(tree_verify_mla, H, T, B, L, pool, ctx.fresh_seed(), timer,
+                         input_sets=workload["input_sets"], repeats=workload["repeats"])
+            for H, T, B, L in workload["configs"]]
     slowdown = statistics.median(r["ratio"] for r in rows)
     return check_metric(spec, {"scatter_slowdown": slowdown,
                                "worst_scatter_slowdown": max(r["ratio"] for r in rows)}, ctx,
