@@ -50,8 +50,6 @@ from kdtree.kernels.cuda_op import cached_plan, device_state, launch
 from kdtree.kernels.reference import tree_verify_mla_reference
 
 SM_SCALE = 1.0 / math.sqrt(192)
-BUFFER_CONTEXT = 131072
-BUFFER_BUCKETS = ((8, 16), (8, 64), (1, 512), (8, 512))  # (batch, tree) compared with SGLang's mask
 
 
 def _agree(cmp, tol: float = 1e-2) -> bool:
@@ -230,7 +228,7 @@ def _triton_available() -> bool:
     return True
 
 
-def buffer_comparison(context: int = BUFFER_CONTEXT, buckets=BUFFER_BUCKETS) -> list[dict[str, Any]]:
+def buffer_comparison(context: int, buckets) -> list[dict[str, Any]]:
     """Graph buffer bytes per (batch, tree) bucket at `context` vs SGLang's verify mask buffer."""
 
     rows = []

@@ -37,17 +37,11 @@ from kdtree.gates.spec import GraphSafetyGateSpec
 from kdtree.gates.stats import Spread
 from kdtree.phases.models import SPEED_PRESET, shared_model
 
-SPEED_BATCHES = (1, 4)
-SPEED_CONTEXT = 4096
-SPEED_TREE = 16
-DECODE_NEW_TOKENS = 24
-# (batch, tree, context, heads, forced variant): buckets the launch cases cover
-LAUNCH_BUCKETS = ((1, 4, 32768, 8, None), (4, 16, 4096, 16, None), (2, 64, 8192, 16, None),
-                  (3, 32, 4096, 16, "base32"), (2, 128, 4096, 64, None))
-STEP_BUCKETS = ((1, 8, 4096), (4, 16, 4096), (2, 64, 2048))  # tiny model: positions up to 4096
-LOSS_BUCKETS = ((1, 16), (1, 64), (4, 16), (4, 64))  # (batch, tree) at heads 16
-LOSS_CONTEXTS = (32768, 65536, 131072)  # bucket sizes; lengths from max(32k, half + 1) to the size
-LOSS_HEADS = 16
+
+
+def _workload(spec, given: dict) -> dict:
+    """The gate's workload in the spec, with what the caller gave (not None) in its place."""
+    return {**spec.workload["full"], **{k: v for k, v in given.items() if v is not None}}
 
 
 def _safety(spec, ctx: GateContext, pairs) -> GateResult:
@@ -57,10 +51,12 @@ def _safety(spec, ctx: GateContext, pairs) -> GateResult:
 
 # -- gates ---------------------------------------------------------------------------------------
 def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backend=None,
-                       launch_buckets=LAUNCH_BUCKETS, step_buckets=STEP_BUCKETS, step_preset: str = "tiny",
+                       launch_buckets=None, step_buckets=None, step_preset: Optional[str] = None,
                        with_oracle: bool = True) -> GateResult:
     """Replay == eager, bitwise, on fresh inputs, for launch and whole-step buckets; plus the
     bucket-planned launch against the fp64 oracle (so replay and eager cannot be wrong together)."""
+    w = _workload(spec, dict(launch_buckets=launch_buckets, step_buckets=step_buckets, step_preset=step_preset))
+    launch_buckets, step_buckets, step_preset = w["launch_buckets"], w["step_buckets"], w["step_preset"]
     pairs = launch_cases(launch_buckets, launch_candidate) + step_cases(shared_model(step_preset, ctx.device), step_buckets,
                                                                           step_backend)
     result = _safety(spec, ctx, pairs)
@@ -75,13 +71,16 @@ def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backe
 
 
 def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_backend=None,
-                        launch_buckets=LAUNCH_BUCKETS, step_buckets=STEP_BUCKETS[:1], step_preset: str = "tiny",
-                        with_converter: Optional[bool] = None, engine_steps: int = 6,
+                        launch_buckets=None, step_buckets=None, step_preset: Optional[str] = None,
+                        with_converter: Optional[bool] = None, engine_steps: Optional[int] = None,
                         graphs_factory=None) -> GateResult:
     """No host sync in any capture (under sync debug mode "error"), no allocation in the launch
     and converter captures, none in any replay, none in the engine's graph steps; the graph
     buffers next to SGLang's verify mask at 128k."""
-
+    w = _workload(spec, dict(launch_buckets=launch_buckets, step_buckets=step_buckets, step_preset=step_preset,
+                             engine_steps=engine_steps))
+    launch_buckets, step_buckets, step_preset = w["launch_buckets"], w["step_buckets"], w["step_preset"]
+    engine_steps = w["engine_steps"]
     probe = GraphSafetyGateSpec(name=spec.name, replays=3, max_rel_l2=0.0)
     pairs = launch_cases(launch_buckets, launch_candidate)
     if with_converter is None:
@@ -97,7 +96,7 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
                                                       graphs_factory=graphs_factory)
     figures["allocations_in_replay"] = figures.get("allocations_in_replay", 0) + step_allocs
     figures["engine_graph_steps"] = graph_rows["replays"]
-    buffers = buffer_comparison()
+    buffers = buffer_comparison(w["buffer_context"], w["buffer_buckets"])
     for row in buffers:
         figures[f"mask_buffer_ratio_B{row['batch']}_T{row['tree']}"] = row["ratio"]
     figures["mask_buffer_ratio_128k"] = min(row["ratio"] for row in buffers)
@@ -114,12 +113,15 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
     return result
 
 
-def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=SPEED_BATCHES,
-                         context: int = SPEED_CONTEXT, tree: int = SPEED_TREE, loss_buckets=LOSS_BUCKETS,
-                         loss_contexts=LOSS_CONTEXTS, decode_new_tokens: int = DECODE_NEW_TOKENS) -> GateResult:
+def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=None,
+                         context: Optional[int] = None, tree: Optional[int] = None, loss_buckets=None,
+                         loss_contexts=None, decode_new_tokens: Optional[int] = None) -> GateResult:
     """Whole verify step, graph vs eager (engine, kernel backend), interleaved, at each batch;
     decode tokens/s with and without graphs; captured launch vs exact-length eager at L >= 32k."""
-
+    w = _workload(spec, dict(batches=batches, context=context, tree=tree, loss_buckets=loss_buckets,
+                             loss_contexts=loss_contexts, decode_new_tokens=decode_new_tokens))
+    batches, context, tree, decode_new_tokens = w["batches"], w["context"], w["tree"], w["decode_new_tokens"]
+    loss_buckets, loss_contexts = w["loss_buckets"], w["loss_contexts"]
     model = shared_model(preset_name, ctx.device)
     figures: list[Figure] = []
     rows, problems, speedups = [], [], {}
@@ -149,7 +151,7 @@ def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     for batch, t in loss_buckets:
         for size in loss_contexts:
             ctx.progress(f"captured launch vs exact eager B={batch} T={t} bucket {size}", None)
-            loss_rows += captured_launch_loss(batch, t, size, LOSS_HEADS, ctx)
+            loss_rows += captured_launch_loss(batch, t, size, w["loss_heads"], ctx)
     losses = [r["loss"] for r in loss_rows if r["context"] >= 32768]
     figures.append(Figure(name="captured_launch_loss_max", value=max(losses) if losses else math.nan))
     figures.append(Figure(name="captured_launch_loss_median", value=statistics.median(losses) if losses else math.nan))
