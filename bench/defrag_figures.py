@@ -193,7 +193,7 @@ def contiguity(ctx: GateContext, workload: dict, alloc_cost_workload: dict, mode
 
 
 def _allocator_cost_b8(ctx: GateContext, seed: int, lc: dict, model_preset: str) -> dict[str, float]:
-    """The allocator's host cost per step at B=8, L=32k (the issue's target: under 2 % of a verify
+    """The allocator's host cost per step at B=8, L=32k (the plan's target: under 2 % of a verify
     step there), against the verify step's HBM floor (bytes of the dsv3-tp8 preset / 4.3 TB/s)."""
 
     cfg = _churn_config(ctx, **lc)
@@ -287,7 +287,7 @@ def no_slowdown(ctx: GateContext, long_context: dict, model_preset: str, kernel_
     outs = {m: _call(kernel_fn, c) for m, c in cases.items()}
     agree = float((outs["unsorted"].float() - outs["tier0+1"].float()).abs().max())
     calls = {m: (lambda c=c: _call(kernel_fn, c)) for m, c in cases.items()}
-    # (item 3a) the owned kernel reading (first slot, first key) runs instead of kv_indices, on
+    # the owned kernel reading (first slot, first key) runs instead of kv_indices, on
     # each layout: its output must be the indices path's, bit for bit
     runs_paths = kernel_fn is _owned_kernel() and device.type == "cuda"
     runs_identical = 1.0
@@ -327,7 +327,7 @@ def no_slowdown(ctx: GateContext, long_context: dict, model_preset: str, kernel_
     t_on, t_off = statistics.median(step_times["on"]), statistics.median(step_times["off"])
     alloc_on = statistics.median(on.stats.alloc_seconds[warm:])
     allocator_on = statistics.median(on.stats.allocator_seconds[warm:])
-    # The issue's denominator: a dsv3-tp8 verify step at B=8, L=32k on this device, estimated as
+    # The target's denominator: a dsv3-tp8 verify step at B=8, L=32k on this device, estimated as
     # its layers x this run's kernel time plus its weights' HBM floor (the rest of the step).
 
     preset_cfg = preset(model_preset)

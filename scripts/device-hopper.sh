@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the Hopper (sm_90a, wgmma) variant of issue 17, on the H200 (no network; torch
+# One GPU call for the Hopper (sm_90a, wgmma) variant, on a 9.0 GPU (no network; torch
 # cu130, nvcc through the JIT). Every step is bounded by `timeout`, logs land in $OUT, and the
 # whole call stays within HOPPER_BUDGET seconds (default 540).
 #   bash scripts/device-hopper.sh            build + GPU tests with the variant forced + timing table

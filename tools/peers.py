@@ -11,8 +11,10 @@ markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up
 ``--flashmla`` also times FlashMLA's dense decode (`kdtree.bench.flashmla_peer`: the sgl-flash-mla
 1.0.0 wheel, causal chain, 64-token pages), held to ours on the chain like the FlashInfer peers.
 
-``--variant`` forces our kernel's variant (`kdtree.kernels.cuda_op.launch`), e.g. the Hopper
-wgmma variant while the default dispatch does not pick it yet.
+``--variant`` forces our kernel's variant through its plan (`kdtree.bench.forced`), e.g. ``ws``
+on a 9.0 device, where the default dispatch takes the wgmma variant from 64 rows per request.
+The measurement is `kdtree.bench.peer_grid`; ``--shapes issue`` is the field's table of shapes
+(docs/design.md section 3b).
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ from kdtree.cli_support import common_options
 from kdtree.kernels import cli, tree_verify_mla
 
 
-ISSUE_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
+FIELD_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
                 Shape(128, 64, 1, 131072), Shape(8, 1024, 1, 32768), Shape(8, 4, 1, 131072)]
 
 
 def shapes_for(name: str) -> list[Shape]:
     if name == "issue":
-        return ISSUE_SHAPES
+        return FIELD_SHAPES
     if name == "quick":
         return grid(quick=True)
     return [s for s in grid() if s.L >= 32768]
