@@ -5,10 +5,10 @@
                                     [--compare-variants wgmma,ws,base32]
 
 Prints the device, the build time, a correctness table (fresh random inputs, NaN-poisoned
-outputs, fp64 oracle; every variant the device runs forced through `kdtree.kernels.cuda_op.launch`) and a
+outputs, fp64 oracle; every variant the device runs forced through its plan, `kdtree.bench.forced`) and a
 timing table (the tools' queued timer, interleaved with the baselines that are importable)
 against the roofline measured in the same run. Writes devcheck.json into --out (default $OUT or
-.). This is the kernel engineer's inner loop; the phase-1 gates and `kdtree.tools.bench` are the
+.). This is the kernel engineer's inner loop (measured by `kdtree.bench.kernel_check`); the phase-1 gates and `kdtree.tools.bench` are the
 formal record. ``--profile H,T,B,L`` only runs that config a few times (for ncu), with
 ``--variant`` / ``--splits`` forcing the launch. ``--compare-variants`` times the named variants
 interleaved in one table (each checked against the first) and prints each one's time over the

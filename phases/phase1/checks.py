@@ -15,15 +15,19 @@ from typing import Any
 
 import torch
 
+from kdtree.bench import timing
 from kdtree.bench.accuracy_cases import ACCURACY_CASES
 from kdtree.bench.cases import case_args, make_case, make_pool, oracle, pool_slots_for, uniform_case
+from kdtree.bench.coverage_cases import accuracy_cases as coverage, device_variants
 from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_SM
-from kdtree.bench.roofline import Shape, floor_seconds, floors
 from kdtree.bench.layouts import time_layouts
+from kdtree.bench.roofline import Shape, floor_seconds, floors
 from kdtree.bench.sanitize_cases import DONE_MARKER
-from kdtree.bench.structured_cases import dominant_key_case, row_scale
 from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
-from kdtree.bench import timing
+from kdtree.bench.structured_cases import dominant_key_case, row_scale
+from kdtree.bench.token_probe import (
+    counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
+)
 from kdtree.engine import build_model, generate
 from kdtree.gates import accuracy as accuracy_gate, build as build_gate, sanitizer as sanitizer_gate
 from kdtree.gates import speedup as speedup_gate, token_exact as token_exact_gate
@@ -35,16 +39,12 @@ from kdtree.gates.token_exact import RunStats, Stream
 from kdtree.kernels import triton_baseline, tree_verify_mla
 from kdtree.kernels.jit import compile_arch
 from kdtree.kernels.naive import tree_verify_mla_naive
-from kdtree.phases.phase1.coverage import accuracy_cases as coverage, device_variants
 from kdtree.phases.phase1.peers import add_flashmla_figures, add_peer_figures
 from kdtree.phases.phase1.sm120 import (
     PREFIX as SM120, add_mma_ceiling_figures, extension_smem_bytes, hold_smem, sm120_path, variants_by_config,
 )
-from kdtree.bench.token_probe import (
-    counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
-)
 
-# Structured cases (`cases.dominant_key_case`): keys that dominate their rows at the tail of
+# Structured cases (`kdtree.bench.structured_cases.dominant_key_case`): keys that dominate their rows at the tail of
 # the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
 # at the first and last tree slot, plus rows that target a slot they must not see. Sized so that
 # T x H x 8 targets hold every marked key (about (L+T)/16 of them). L past 8192 in each.

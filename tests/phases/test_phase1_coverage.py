@@ -11,7 +11,7 @@ import math
 from kdtree.gates.base import GateContext
 from kdtree.kernels.device_facts import DeviceFacts
 from kdtree.kernels.launch_plan import VARIANTS, plan, runnable_variants
-from kdtree.phases.phase1 import coverage as cov
+from kdtree.bench import coverage_cases as cov
 from kdtree.phases import phase1
 from kdtree.phases.phase1 import checks as phase1_checks
 

@@ -1,11 +1,11 @@
-"""Phase 1's coverage cases: the accuracy cases run through every kernel variant, through forced
+"""The coverage cases (phase 1's accuracy gate): the accuracy cases run through every kernel variant, through forced
 KV split counts around those other GPUs would choose, and on a pool whose slots sit past 2^31
-elements. The accuracy gate adds them when it checks the owned kernel (`checks.check_accuracy`).
+elements. Phase 1's accuracy gate adds them when it checks the owned kernel.
 
 Why: the launch plan picks one variant and one split count per shape and device, so a run on one
 Hopper card alone never exercises ``base32`` (the pre-sm_90 path) and never the split counts a card
 with another SM count chooses (188 on the RTX PRO 6000, an sm_120 card). Forcing them through
-`kdtree.kernels.cuda_op.launch` checks every specialisation on every case; the large pool checks
+their plans (`kdtree.bench.forced`) checks every specialisation on every case; the large pool checks
 the 64-bit slot offsets (slot * 576 > 2^31) that the phase's small pools never reach.
 
 A coverage case's inputs carry ``inputs["launch"]``: the kernel's call with its variant and split
