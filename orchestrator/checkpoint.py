@@ -101,7 +101,7 @@ def _reported(statuses: list[PhaseStatus], phase_id: Optional[str], plan: Plan) 
     ran = [s for s in statuses if s.newest is not None]
     if not ran:
         raise Refusal("no phase has a full run to checkpoint; run `orchestrate run PHASE` first")
-    return max(ran, key=lambda s: (s.newest.ended_at, s.newest.run_id))
+    return max(ran, key=lambda s: s.newest.order)
 
 
 def _fill_commit(plan: Plan, store: ResultStore, st: PhaseStatus, rec: RunRecord) -> Optional[str]:

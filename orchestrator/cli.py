@@ -254,14 +254,18 @@ def _print_checkpoint(res) -> None:
               help="Run only this gate (repeatable). The run is recorded as partial and does not decide the phase's state.")
 @click.option("--commit", is_flag=True, help="Make a checkpoint commit after the run.")
 @click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (the run records what it overrode).")
+@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop a gate after this long (recorded as a timeout), unless its spec sets "
+                   "time_limit_s; default: gate_timeout_s in [tool.orchestrate], else no limit.")
 @wait_options
 @click.pass_obj
 def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool,
-        wait_s: Optional[float], no_wait: bool) -> None:
+        gate_timeout: Optional[float], wait_s: Optional[float], no_wait: bool) -> None:
     """Run PHASE's gates, record the run and re-render the plan.
 
     Without PHASE: run from the first phase that is not passed-and-fresh, in order, stopping at
-    the first that does not pass.
+    the first that does not pass. Gates run in the project root; what they print goes to the
+    run's log file (named in the record), not to this command's output.
     """
     from kdtree.orchestrator.display import RichReporter  # noqa: PLC0415
     from kdtree.orchestrator.runner import run_phase  # noqa: PLC0415
@@ -292,13 +296,15 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
             reporter = RichReporter()
             try:
                 record = run_phase(plan, phase_id, device=device, gates=gates, force=force,
-                                   reporter=reporter)
+                                   reporter=reporter, gate_timeout=gate_timeout,
+                                   warn=lambda m: say(f"warning: {m}", err=True))
             finally:
                 reporter.close()
             what = "partial run" if record.partial else "run"
             say(f"{phase_id}: {record.state.value} ({record.passed_count}/{len(record.results)} "
                 f"gates passed); {what} {record.run_id} recorded"
-                + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
+                + (f", forced past {', '.join(record.forced_over)}" if record.forced else "")
+                + (f"; gate output in {record.log}" if record.log else ""))
             if record.inputs_changed_during_run:
                 from kdtree.orchestrator.evidence import changed_during_run  # noqa: PLC0415
 

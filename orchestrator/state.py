@@ -87,7 +87,7 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
     partial = records[-1] if records and records[-1].partial else None
     spec_hash = phase.spec.spec_hash()
     inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
-    after = [r for r in full if record is None or (r.started_at, r.run_id) > (record.started_at, record.run_id)]
+    after = [r for r in full if record is None or r.order > record.order]
     ignored = [f"run {r.run_id} does not decide: {changed_during_run(r)}; run "
                f"`orchestrate run {phase.id}` again" for r in reversed(after) if r.inputs_changed_during_run]
     if record is None:
