@@ -172,6 +172,7 @@ def status(obj: Ctx, as_json: bool) -> None:
                                      for r in st.by_device],
                 "newer_partial_run": run_json(st.partial, st.phase.spec),
                 "not_deciding": st.not_deciding,
+                "unreadable": st.unreadable or None,
             } for st in statuses]}, indent=2))
         return
     from kdtree.orchestrator.display import print_status  # noqa: PLC0415
@@ -414,8 +415,9 @@ def replay(obj: Ctx, phase: str, gate: str, run_id: Optional[str], seeds: tuple[
 
 @cli.command()
 @click.option("--check", is_flag=True, help="Exit 1 if the plan markdown is out of date with the recorded runs (CI).")
+@wait_options
 @click.pass_obj
-def plan(obj: Ctx, check: bool) -> None:
+def plan(obj: Ctx, check: bool, wait_s: Optional[float], no_wait: bool) -> None:
     """Re-render the plan markdown's orchestrator blocks from the recorded runs."""
     from kdtree.orchestrator.markers import find_blocks, split_lines  # noqa: PLC0415
     from kdtree.orchestrator.render import rendered_plan, write_plan  # noqa: PLC0415
@@ -433,7 +435,7 @@ def plan(obj: Ctx, check: bool) -> None:
         say(f"{p.spec.markdown} is out of date with the recorded runs (blocks: {', '.join(stale)}); "
             "run `orchestrate plan` to re-render it", err=True)
         sys.exit(EXIT_NOT_PASSED)
-    with obj.lock():
+    with obj.lock(_wait_of(wait_s, no_wait)):
         changed = write_plan(p)
     say(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
 

@@ -13,7 +13,7 @@ from kdtree.orchestrator.targets import target_text
 from kdtree.orchestrator.views import key_figure_text, targets_view, when
 
 STYLE = {"passed": "green", "failed": "red", "error": "bold red", "not-implemented": "red",
-         "skipped": "yellow", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
+         "skipped": "yellow", "timeout": "bold red", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
          "met": "green", "not met": "yellow", "not measured": "dim"}
 
 
@@ -122,6 +122,8 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
             head += (f"  deciding run {_esc(when(rec))}  {_esc(rec.git.short)}  {_esc(rec.device.label)}"
                      + ("  [bold]forced[/bold]" if rec.forced else ""))
         out.print(head)
+        if st.unreadable:
+            out.print(f"    [bold red]unreadable:[/bold red] {_esc(st.unreadable)}")
         for reason in st.stale_reasons:
             out.print(f"    [magenta]stale:[/magenta] {_esc(reason)}")
         for note in st.not_deciding:

@@ -77,7 +77,7 @@ def latest_by_device(records: list[RunRecord]) -> list[RunRecord]:
 
 def complete_peer(record: RunRecord, records: list[RunRecord]) -> Optional[RunRecord]:
     """The newest full run of ``record``'s code and spec that skipped no gate, if ``record`` skipped any."""
-    if not skipped(record):
+    if not skipped(record) or deciding_run(records) is record:
         return None
     peers = [r for r in full_runs(records) if same_code(r, record) and not skipped(r)
              and not r.inputs_changed_during_run]

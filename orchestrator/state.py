@@ -10,7 +10,8 @@ one of the same code and spec that ran them (`kdtree.orchestrator.evidence`).
   longer the one it saw.
 
 A partial run (``--gate``) never decides the state; it is shown beside it, and so is the latest
-full run on every device.
+full run on every device. A phase with a record written by a newer orchestrate is ``error``
+with `PhaseStatus.unreadable` saying so; the other phases are judged as usual.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kdtree.orchestrator.evidence import changed_during_run, deciding_run, full_
 from kdtree.orchestrator.inputs import InputsIndex
 from kdtree.orchestrator.plan import Phase, Plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
-from kdtree.orchestrator.store import ResultStore
+from kdtree.orchestrator.store import NewerRecord, ResultStore
 
 
 @dataclass
@@ -41,6 +42,9 @@ class PhaseStatus:
     by_device: list[RunRecord] = field(default_factory=list)  # newest full run per device, newest first
     # Why newer full runs do not decide (their inputs changed while they ran), newest first.
     not_deciding: list[str] = field(default_factory=list)
+    # Why the phase's records cannot be read here (one was written by a newer orchestrate);
+    # the state is then ``error`` and nothing else about the phase is known.
+    unreadable: str = ""
 
     @property
     def passed_and_fresh(self) -> bool:
@@ -81,7 +85,11 @@ def _changed_files(record: RunRecord, phase: Phase, index: InputsIndex) -> Optio
 
 def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
     """The status of one phase (see module docstring)."""
-    records = store.records(phase.id)
+    try:
+        records = store.records(phase.id)
+    except NewerRecord as exc:
+        return PhaseStatus(phase, PhaseState.ERROR, None, None, phase.spec.spec_hash(), "", 0,
+                           unreadable=str(exc))
     full = full_runs(records)
     record = deciding_run(records)
     partial = records[-1] if records and records[-1].partial else None
@@ -126,7 +134,9 @@ def describe_blockers(blocking: list[PhaseStatus], phase_id: str) -> str:
     """The refusal message for running ``phase_id`` past ``blocking``."""
     first = blocking[0]
     why = first.state.value
-    if first.stale_reasons:
+    if first.unreadable:
+        why += f" ({first.unreadable})"
+    elif first.stale_reasons:
         why += ": " + "; ".join(first.stale_reasons)
     elif first.record is not None:
         why += f" (run {first.record.run_id})"
