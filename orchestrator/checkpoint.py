@@ -35,12 +35,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kdtree.orchestrator.changelog import update_changelog
-from kdtree.orchestrator.commitset import select, stage, working_tree_changes
+from kdtree.orchestrator.commitset import (
+    require_committable, require_staged, select, stage, working_tree_changes,
+)
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.evidence import changed_during_run, complete_peer, deciding_run, latest_by_device, skipped
 from kdtree.orchestrator.git import (
-    GitError, IndexSnapshot, branch, describe_commit_failure, git_text, head_commit, in_progress_operation,
-    run_git,
+    GitError, IndexSnapshot, branch, commit_unit, describe_commit_failure, git_text, head_commit,
+    in_progress_operation,
 )
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
@@ -139,20 +141,24 @@ def _plots(rec: RunRecord) -> list[str]:
 
 
 def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: bool,
-                store: ResultStore):
+                store: ResultStore, include_records: bool = False):
     results_dir = plan.spec.results_dir.rstrip("/")
     cited = cited_runs(plan, store) + [rec]
     records = [f"{results_dir}/{r.phase}/{r.run_id}.json" for r in cited]
-    plots = [p for r in cited for p in _plots(r)]
-    return select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
-                  changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
-                  lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
-                  plots=plots + records, include_untracked=include_untracked)
+    plots = [p for r in cited for p in _plots(r)] + [r.log for r in cited if r.log]
+    chosen = select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
+                    changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
+                    lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
+                    plots=plots + records, include_untracked=include_untracked,
+                    results_dir=results_dir, include_records=include_records)
+    chosen.required = sorted(set(records))
+    require_committable(plan.root, chosen.required, chosen)
+    return chosen
 
 
 def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = False,
                note: Optional[str] = None, include_untracked: bool = False,
-               allow_incomplete: bool = False) -> CheckpointResult:
+               allow_incomplete: bool = False, include_records: bool = False) -> CheckpointResult:
     """Run a checkpoint (see module docstring). The caller holds the run lock."""
     if not plan.is_git:
         raise Refusal(f"{plan.root} is not a git repository; a checkpoint needs one")
@@ -182,7 +188,7 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
                       f"({peer.state.value}). Pass --allow-incomplete to checkpoint the incomplete "
                       f"run anyway, or delete {store.path_of(rec)}")
     if commit:
-        _commit_set(plan, st, rec, include_untracked, store)  # refuses before anything is written
+        _commit_set(plan, st, rec, include_untracked, store, include_records)  # refuses before anything is written
 
     filled = _fill_commit(plan, store, st, rec)
     if filled:
@@ -199,24 +205,25 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
     if not commit:
         return result
 
-    chosen = _commit_set(plan, st, rec, include_untracked, store)
+    chosen = _commit_set(plan, st, rec, include_untracked, store, include_records)
     result.left_out = chosen.left_out
     index = IndexSnapshot(plan.root)
     try:
         stage(plan.root, chosen.to_add)
+        require_staged(plan.root, chosen.required)
         has_head = head_commit(plan.root) is not None
         staged = (git_text(plan.root, "diff", "--cached", "--name-only") if has_head
                   else git_text(plan.root, "ls-files", "--cached"))
         if not staged.strip():
             result.nothing_to_commit = True
             return result
-        try:
-            run_git(plan.root, "commit", "-q", "-F", "-", stdin=message.encode("utf-8"))
-        except GitError as exc:
-            raise Refusal(describe_commit_failure(exc) + _kept(plan)) from None
     except BaseException:
         index.restore()
         raise
+    try:
+        commit_unit(plan.root, message, index)  # restores the index itself when nothing was committed
+    except GitError as exc:
+        raise Refusal(describe_commit_failure(exc) + _kept(plan)) from None
     sha = head_commit(plan.root)
     result.commit_sha = sha
     rows = git_text(plan.root, "diff-tree", "--no-commit-id", "--name-status", "-r", "--root",

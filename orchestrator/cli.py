@@ -88,11 +88,12 @@ class _Group(click.Group):
     """Turns refusals, Ctrl-C and a closed output pipe into a message on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context):
+        from kdtree.orchestrator.git import CommitInterrupted  # noqa: PLC0415
         from kdtree.orchestrator.preflight import RecordNotWritten  # noqa: PLC0415
 
         try:
             return super().invoke(ctx)
-        except (Refusal, RunInterrupted, RecordNotWritten) as exc:
+        except (Refusal, RunInterrupted, RecordNotWritten, CommitInterrupted) as exc:
             say(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -244,7 +245,19 @@ def _print_checkpoint(res) -> None:
         for row in res.files:
             say(f"  {row}")
     if res.left_out:
-        say("not committed (untracked; pass --include-untracked to add them): " + ", ".join(res.left_out))
+        say("not committed (untracked): " + ", ".join(res.left_out))
+        if any(_is_record(p) for p in res.left_out):
+            say("  pass --include-records to add the run records among them, or --include-untracked "
+                "to add every untracked file listed")
+        else:
+            say("  pass --include-untracked to add them")
+
+
+def _is_record(path: str) -> bool:
+    from kdtree.orchestrator.store import RUN_ID_RE  # noqa: PLC0415
+
+    stem, _, ext = path.rpartition("/")[2].rpartition(".")
+    return ext in ("json", "log") and bool(RUN_ID_RE.match(stem))
 
 
 @cli.command()
@@ -330,12 +343,15 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
 @click.option("-m", "--message", default=None, help="A paragraph to add below the generated subject.")
 @click.option("--include-untracked", is_flag=True,
               help="Also commit untracked files (listed otherwise; untracked inputs of the run are refused without it).")
+@click.option("--include-records", is_flag=True,
+              help="Also commit the untracked run records (and gate logs) of other phases, nothing else.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Checkpoint a run that skipped gates although a complete run of the same inputs exists.")
 @wait_options
 @click.pass_obj
 def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str],
-               include_untracked: bool, allow_incomplete: bool, wait_s: Optional[float], no_wait: bool) -> None:
+               include_untracked: bool, include_records: bool, allow_incomplete: bool,
+               wait_s: Optional[float], no_wait: bool) -> None:
     """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit.
 
     The commit holds the plan, the run records, the changelog and the phase's changed input
@@ -347,8 +363,8 @@ def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[s
     wait = _wait_of(wait_s, no_wait)
     plan = obj.plan
     with obj.lock(wait):
-        res = do_checkpoint(plan, phase, commit=commit, note=message,
-                            include_untracked=include_untracked, allow_incomplete=allow_incomplete)
+        res = do_checkpoint(plan, phase, commit=commit, note=message, include_untracked=include_untracked,
+                            allow_incomplete=allow_incomplete, include_records=include_records)
     _print_checkpoint(res)
     if not commit:
         say(f"checkpoint of {res.phase} (run {res.run_id}) prepared; pass --commit to commit it")
