@@ -110,7 +110,7 @@ def _fill_commit(plan: Plan, store: ResultStore, st: PhaseStatus, rec: RunRecord
     """Fill in the commit of a record that names none, when the history holds its inputs."""
     if rec.git.sha is not None:
         return None
-    found = find_commit(plan.root, list(st.phase.spec.inputs), rec.inputs_hash)
+    found = find_commit(plan.root, plan.input_globs(st.phase), rec.inputs_hash)
     if found is None:
         return None
     git = rec.git.model_copy(update={"sha": found, "sha_source": "checkpoint"})
@@ -148,7 +148,7 @@ def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: 
     plots = [p for r in cited for p in _plots(r)] + [r.log for r in cited if r.log]
     chosen = select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
                     changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
-                    lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
+                    lock=f"{results_dir}/{LOCK_NAME}", input_globs=plan.input_globs(st.phase),
                     plots=plots + records, include_untracked=include_untracked,
                     results_dir=results_dir, include_records=include_records)
     chosen.required = sorted(set(records))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.git import git_text, nul_list, run_git, try_git
-from kdtree.orchestrator.inputs import glob_regex
+from kdtree.orchestrator.inputs import matcher
 from kdtree.orchestrator.lock import HOLDER_SUFFIX
 from kdtree.orchestrator.store import RUN_ID_RE
 
@@ -85,7 +85,7 @@ def select(changes: list[tuple[str, str]], *, plan_md: str, changelog: str, phas
            lock: str, input_globs: list[str], plots: list[str], include_untracked: bool,
            results_dir: str = "", include_records: bool = False) -> CommitSet:
     """Classify ``changes`` (see module docstring); a Refusal naming what is in the way."""
-    regexes = [glob_regex(g) for g in input_globs]
+    is_input = matcher(input_globs)
     cited = set(plots)
     chosen = CommitSet()
     foreign_tracked: list[str] = []
@@ -113,7 +113,7 @@ def select(changes: list[tuple[str, str]], *, plan_md: str, changelog: str, phas
         elif untracked and include_records and results_dir and _under(path, results_dir) \
                 and _is_run_file(path[len(results_dir.rstrip("/")) + 1:].split("/", 1)[-1]):
             chosen.take(xy, path)  # another phase's run record (or log): --include-records
-        elif any(r.match(path) for r in regexes):
+        elif is_input(path):
             if untracked:
                 untracked_inputs.append(path)
             else:

@@ -113,7 +113,7 @@ def run_phase(plan: Plan, phase_id: str, *, device: str = "auto", gates: Sequenc
         resolved = device_facts.resolve_device(device, wants_cuda(phase, selected))
         dev, vers = machine or (device_facts.device_info(resolved),
                                 device_facts.versions(list(phase.spec.versions)))
-        globs = list(phase.spec.inputs)
+        globs = plan.input_globs(phase)
         seen_before = InputsIndex(plan.root, plan.is_git).observe(globs)
         inputs_hash = seen_before.inputs_hash
         git = git_info(plan.root, plan.is_git, inputs=(globs, inputs_hash),

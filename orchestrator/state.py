@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kdtree.orchestrator.evidence import changed_during_run, deciding_run, full_runs, latest_by_device
-from kdtree.orchestrator.inputs import InputsIndex
+from kdtree.orchestrator.inputs import InputsIndex, unmatched_globs
 from kdtree.orchestrator.plan import Phase, Plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
 from kdtree.orchestrator.store import NewerRecord, ResultStore
@@ -74,17 +74,20 @@ def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str,
 _NAMED = 5  # changed input files a stale reason names
 
 
-def _changed_files(record: RunRecord, phase: Phase, index: InputsIndex) -> Optional[list[str]]:
+def _changed_files(record: RunRecord, globs: list[str], index: InputsIndex) -> Optional[list[str]]:
     """The phase's input files changed since the commit the record names, when it names one whose
     tree held the run's inputs (`GitInfo.sha_source`); None otherwise."""
     git = record.git
     if not git.sha or git.sha_source not in ("head", "checkpoint"):
         return None
-    return index.changed_since(git.sha, list(phase.spec.inputs))
+    return index.changed_since(git.sha, globs)
 
 
-def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
-    """The status of one phase (see module docstring)."""
+def phase_status(phase: Phase, store: ResultStore, index: InputsIndex,
+                 globs: Optional[list[str]] = None) -> PhaseStatus:
+    """The status of one phase (see module docstring); ``globs``: its input globs (default: the
+    spec's, as `Plan.input_globs` gives them)."""
+    globs = list(phase.spec.inputs) if globs is None else globs
     try:
         records = store.records(phase.id)
     except NewerRecord as exc:
@@ -94,7 +97,7 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
     record = deciding_run(records)
     partial = records[-1] if records and records[-1].partial else None
     spec_hash = phase.spec.spec_hash()
-    inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
+    inputs_hash, n_files = index.hash_of(globs)
     after = [r for r in full if record is None or r.order > record.order]
     ignored = [f"run {r.run_id} does not decide: {changed_during_run(r)}; run "
                f"`orchestrate run {phase.id}` again" for r in reversed(after) if r.inputs_changed_during_run]
@@ -102,7 +105,7 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
         return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files,
                            newest=full[-1] if full else None, by_device=latest_by_device(records),
                            not_deciding=ignored)
-    changed = _changed_files(record, phase, index) if record.inputs_hash != inputs_hash else None
+    changed = _changed_files(record, globs, index) if record.inputs_hash != inputs_hash else None
     reasons = stale_reasons(record, spec_hash, inputs_hash, changed)
     state = record.state
     if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
@@ -113,10 +116,14 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
 
 def plan_status(plan: Plan, store: Optional[ResultStore] = None,
                 index: Optional[InputsIndex] = None) -> list[PhaseStatus]:
-    """Every phase's status, in plan order."""
+    """Every phase's status, in plan order. An input glob that matches no file is a warning."""
     store = store or ResultStore(plan.results_path)
     index = index or InputsIndex(plan.root, plan.is_git)
-    return [phase_status(p, store, index) for p in plan.phases]
+    for p in plan.phases:
+        for glob in unmatched_globs(index.files, list(p.spec.inputs)):
+            store.warn(f"phase {p.id}: its inputs glob {glob!r} matches no file (a typo, or files git "
+                       "ignores?); its runs do not depend on what it was meant to match")
+    return [phase_status(p, store, index, plan.input_globs(p)) for p in plan.phases]
 
 
 def blockers(statuses: list[PhaseStatus], phase_id: str) -> list[PhaseStatus]:
