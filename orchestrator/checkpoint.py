@@ -31,7 +31,9 @@ runs the repository's hooks. Its message::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from kdtree.orchestrator.changelog import update_changelog
@@ -73,11 +75,23 @@ class CheckpointResult:
 
 
 def commit_message(title: str, record: RunRecord, note: Optional[str] = None,
-                   decider: Optional[RunRecord] = None) -> str:
-    """The checkpoint commit message: subject, optional note, one line per gate, trailers."""
+                   decider: Optional[RunRecord] = None, others: Optional[list[RunRecord]] = None) -> str:
+    """The checkpoint commit message: subject, optional note, one line per gate, trailers.
+
+    ``others``: runs of other phases whose records the commit adds; the subject names their
+    phases too, and the body lists them.
+    """
     n, total = record.passed_count, len(record.results)
     counts = f"{n}/{total} gates" if record.state is PhaseState.PASSED else f"{n}/{total} gates passed"
-    subject = f"checkpoint: {record.phase} {title} {record.state.value} ({counts})"
+    name = record.phase if not title.strip() or title.strip() == record.phase else f"{record.phase} {title.strip()}"
+    subject = f"checkpoint: {name} {record.state.value} ({counts})"
+    others = [o for o in others or [] if o.phase != record.phase]
+    by_phase: dict[str, RunRecord] = {}
+    for o in others:
+        if o.phase not in by_phase or o.order > by_phase[o.phase].order:
+            by_phase[o.phase] = o
+    if by_phase:
+        subject += "; with " + ", ".join(f"{p} {o.state.value}" for p, o in by_phase.items())
     parts = [subject]
     if note and note.strip():
         parts.append(note.strip())
@@ -87,6 +101,9 @@ def commit_message(title: str, record: RunRecord, note: Optional[str] = None,
         parts.append(f"This run skipped {skipped(record)} gate(s); the phase's state stays decided by "
                      f"run {decider.run_id} ({decider.device.label}): {decider.state.value}.")
     parts.append("\n".join(gate_line(r) for r in record.results))
+    if others:
+        parts.append("Also in this commit: " + "; ".join(
+            f"{o.phase} run {o.run_id} ({o.state.value}, {o.device.label})" for o in others))
     gates = ", ".join(f"{r.gate}={r.outcome.value}" for r in record.results)
     parts.append(f"Run: {record.run_id}\nPhase: {record.phase}\nGates: {gates}\n"
                  f"Device: {record.device.label}")
@@ -189,6 +206,7 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
                       f"run anyway, or delete {store.path_of(rec)}")
     if commit:
         _commit_set(plan, st, rec, include_untracked, store, include_records)  # refuses before anything is written
+    _require_writable(plan)
 
     filled = _fill_commit(plan, store, st, rec)
     if filled:
@@ -207,6 +225,10 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
 
     chosen = _commit_set(plan, st, rec, include_untracked, store, include_records)
     result.left_out = chosen.left_out
+    others = _added_records(plan, store, chosen.to_add)
+    if others:
+        result.message = message = commit_message(st.phase.spec.title, rec, note, decider=st.record,
+                                                  others=others)
     index = IndexSnapshot(plan.root)
     try:
         stage(plan.root, chosen.to_add)
@@ -230,6 +252,34 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
                     "--relative", sha)
     result.files = [r for r in rows.splitlines() if r.strip()]
     return result
+
+
+def _require_writable(plan: Plan) -> None:
+    """Refuse before anything is written when the plan or the changelog cannot be replaced."""
+    from kdtree.orchestrator.preflight import probe_file, probe_folder  # noqa: PLC0415
+
+    for path, what in ((plan.markdown_path, "the plan markdown"), (plan.changelog_path, "the changelog")):
+        real = Path(os.path.realpath(path))
+        why = probe_folder(real.parent) or (probe_file(real) if real.exists() else None)
+        if why:
+            raise Refusal(f"{what} {real} cannot be written ({why}); make it and its folder writable "
+                          "(an immutable file: `lsattr` shows `i`, `chattr -i` clears it), then "
+                          "checkpoint again. Nothing was written")
+
+
+def _added_records(plan: Plan, store: ResultStore, paths: list[str]) -> list[RunRecord]:
+    """The run records among ``paths`` (being added by the commit), loaded."""
+    from kdtree.orchestrator.store import RUN_ID_RE, load_record  # noqa: PLC0415
+
+    results_dir = plan.spec.results_dir.rstrip("/") + "/"
+    out = []
+    for path in paths:
+        if not path.startswith(results_dir) or not path.endswith(".json"):
+            continue
+        parts = path[len(results_dir):].split("/")
+        if len(parts) == 2 and RUN_ID_RE.match(parts[1][:-5]) and (plan.root / path).is_file():
+            out.append(load_record(plan.root / path))
+    return sorted(out, key=lambda r: r.order)
 
 
 def _kept(plan: Plan) -> str:

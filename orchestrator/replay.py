@@ -36,8 +36,13 @@ def recorded_seeds(plan: Plan, phase_id: str, gate: str, run_id: str) -> list[in
     if seeds is None and "seed" in result.details:
         seeds = [result.details["seed"]]
     if not seeds:
-        raise Refusal(f"run {record.run_id}: gate {gate!r} recorded no seeds (runs before seeds were kept "
-                      "cannot be replayed); pass the seeds with --seed if you know them")
+        if record.schema_version >= 3:  # written when every seed drawn was kept
+            raise Refusal(f"run {record.run_id}: gate {gate!r} drew no random seeds, so there is nothing "
+                          f"to replay: it measures the same inputs every time. Run it again with "
+                          f"`orchestrate run {phase_id} --gate {gate}`")
+        raise Refusal(f"run {record.run_id}: gate {gate!r} recorded no seeds: it drew none (then "
+                      f"`orchestrate run {phase_id} --gate {gate}` measures the same inputs again), or "
+                      "the run predates kept seeds; pass the seeds with --seed if you know them")
     return [int(s) for s in seeds]
 
 

@@ -271,3 +271,59 @@ def test_a_gate_that_runs_orchestrate_is_refused_not_deadlocked(project):
     _, rec = _record(project, "p1")
     log = (project.root / rec["log"]).read_text()
     assert "nested exit 2" in log and "an ancestor of this process" in log
+
+
+def _immutable(path: Path) -> bool:
+    return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+
+
+def test_an_immutable_plan_is_a_message_from_plan_and_checkpoint(project):
+    project.cli("run", "p1", "--device", "cpu")
+    plan = project.plan_path
+    project.cli("plan")
+    project.write("src/p1/code.py", "x = 5\n")
+    project.commit_all("new code")
+    project.cli("run", "p1", "--device", "cpu")
+    plan.write_text(plan.read_text().replace("| p1 |", "| p1 (edited) |"))  # out of date
+    if not _immutable(plan):
+        pytest.skip("chattr +i is not available here (needs root and a file system that has it)")
+    try:
+        before = plan.read_bytes()
+        changelog = (project.root / "CHANGELOG.md").read_bytes()
+        res = project.cli("plan", expect=2)
+        assert "cannot be written" in res.stderr and "chattr -i" in res.stderr
+        assert "Traceback" not in res.output
+        res = project.cli("checkpoint", "--commit", expect=2)
+        assert "cannot be written" in res.stderr and "Nothing was written" in res.stderr
+        assert plan.read_bytes() == before
+        assert (project.root / "CHANGELOG.md").read_bytes() == changelog
+    finally:
+        subprocess.run(["chattr", "-i", str(plan)], check=True)
+
+
+def test_a_bom_right_before_the_first_marker_is_kept_and_read(project):
+    text = project.plan_path.read_text()
+    blocks = text[text.index("<!-- orchestrate:begin status"):]
+    project.plan_path.write_bytes("\ufeff".encode() + blocks.encode())
+    project.cli("run", "p1", "--device", "cpu")
+    data = project.plan_path.read_bytes()
+    assert data.startswith("\ufeff<!-- orchestrate:begin status -->".encode())
+    assert b"stale content" not in data
+    project.cli("plan", "--check")
+
+
+def test_the_commit_subject_names_the_phase_once_and_every_phase_it_holds(tmp_path):
+    proj = make_project(tmp_path / "repo")
+    try:
+        path = proj.root / proj.pkg / "p2.py"
+        path.write_text(path.read_text().replace('title="beta"', 'title="p2"'))
+        proj.commit_all("p2's title is its id")
+        proj.cli("run", "p1", "--device", "cpu")
+        proj.cli("run", "p2", "--device", "cpu")
+        proj.cli("checkpoint", "--commit")
+        subject = git(proj.root, "log", "-1", "--format=%s").strip()
+        assert subject == "checkpoint: p2 passed (2/2 gates); with p1 passed"
+        body = git(proj.root, "log", "-1", "--format=%b")
+        assert "Also in this commit: p1 run" in body
+    finally:
+        proj.forget_modules()
