@@ -137,10 +137,19 @@ def init(obj: Ctx, plan_id: str, title: str, package: str, phase: str) -> None:
     folder = Path(obj.repo_arg).expanduser() if obj.repo_arg else Path.cwd()
     if not folder.is_dir():
         raise Refusal(f"--repo {obj.repo_arg}: no such directory")
+    from kdtree.orchestrator.repo import find_git_root  # noqa: PLC0415
+
     done = init_project(folder.resolve(), plan_id, title, package, phase)
     for rel in done.written:
         say(f"wrote {rel}")
-    say(f"plan {done.plan_id} is ready. Next: `orchestrate run` (runs {phase}), `orchestrate status`, "
+    run_here = "`orchestrate run`" if obj.repo_arg is None else f"`orchestrate --repo {obj.repo_arg} run`"
+    if find_git_root(folder) is None:
+        say(f"plan {done.plan_id} is ready. Next: {run_here} (runs {phase}) and `orchestrate status`. "
+            "This folder is not in a git repository: runs record no commit and checkpoints need "
+            "one, so `git init`, commit, then `orchestrate checkpoint --commit`; "
+            "docs/orchestrator-guide.md explains each part")
+        return
+    say(f"plan {done.plan_id} is ready. Next: {run_here} (runs {phase}), `orchestrate status`, "
         "then commit and `orchestrate checkpoint --commit`; docs/orchestrator-guide.md explains each part")
 
 
