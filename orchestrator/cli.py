@@ -3,8 +3,8 @@
 Every command works on the git repository holding the current directory (or ``--repo ROOT``).
 Exit codes: see `EXIT_CODES` (also in ``orchestrate --help``). A closed output pipe
 (``orchestrate ... | head``) never gives a traceback: ``run`` keeps going with its output
-discarded (the run is still recorded and the plan rendered); a listing that cannot be written
-ends with 141.
+discarded (the run is still recorded and the plan rendered; what the gates print goes to the
+run's log file, never to this output); a listing that cannot be written ends with 141.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ Exit codes:
   2    refused: usage, plan order, stale run, bad spec, foreign sources, ...
        (the message says what to do); nothing was run
   3    a phase ran and is incomplete (gates skipped, e.g. no GPU here)
-  4    a phase ran but its record could not be written to the results
-       folder (disk full, read-only); it was saved elsewhere and the
-       message says where and how to bring it back
-  130  interrupted (Ctrl-C); nothing was recorded
+  4    a phase ran but its record could not be built or written to the
+       results folder (disk full, read-only, a check's figures JSON cannot
+       hold); it was saved elsewhere and the message says where
+  130  interrupted (Ctrl-C); nothing was recorded or committed
   141  the output pipe was closed (e.g. `orchestrate history phase1 | head`)"""
 
 
