@@ -234,6 +234,10 @@ def _render_after_run(plan, record) -> None:
         say(f"warning: run {record.run_id} was recorded, but the plan {plan.spec.markdown} could not "
             f"be written ({exc.strerror or exc}); {later}", err=True)
         return
+    except Exception as exc:  # noqa: BLE001 - the run is recorded; rendering is a separate step
+        say(f"warning: run {record.run_id} was recorded, but rendering the plan failed "
+            f"({type(exc).__name__}: {exc}); {later}", err=True)
+        return
     if changed:
         say(f"rendered {plan.spec.markdown}")
 

@@ -113,6 +113,14 @@ def _output_to(log_fd: int) -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = old_out, old_err
+        # What the check wrote through the original stream objects (a logging handler made
+        # earlier) is still in their buffers: flush it now, while fds 1 and 2 are the log's.
+        for stream in {id(s): s for s in (old_out, old_err, sys.__stdout__, sys.__stderr__)}.values():
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
         for fd, copy in saved:
             os.dup2(copy, fd)
             os.close(copy)

@@ -105,6 +105,8 @@ def write_record(plan: Plan, store: ResultStore, record: RunRecord) -> Path:
         return store.write(record)
     except OSError as exc:
         error = f"{store.path_of(record)}: {_why(exc)}"
+    except Exception as exc:  # noqa: BLE001 - the gates ran: any failure here rescues the record
+        error = f"{store.path_of(record)}: {type(exc).__name__}: {exc}"
     text = record.model_dump_json(indent=2) + "\n"
     head = (f"run {record.run_id} of {record.phase} ran its gates ({record.state.value}, "
             f"{record.passed_count}/{len(record.results)} passed) but its record could not be written "
