@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from kdtree.gates.base import Figure, GateResult, Outcome, fmt_number
+from kdtree.gates.base import GateResult, Outcome, fmt_number
 
 
 def _spec_thresholds(spec: Optional[dict[str, Any]], gate: str) -> dict[str, tuple[str, float]]:
@@ -27,10 +27,6 @@ def _spec_thresholds(spec: Optional[dict[str, Any]], gate: str) -> dict[str, tup
                     out[t["figure"]] = (t["op"], t["value"])
             return out
     return {}
-
-
-def _text(fig: Figure) -> str:
-    return fig.render()
 
 
 def outcome_problem(result: GateResult, spec: Optional[dict[str, Any]] = None) -> Optional[str]:
@@ -51,7 +47,7 @@ def outcome_problem(result: GateResult, spec: Optional[dict[str, Any]] = None) -
     missed = [f for f in checked if not f.ok]
     if missed:
         return (f"gate {result.gate!r} is recorded as passed but its figure "
-                f"{_text(missed[0])} misses its threshold")
+                f"{missed[0].render()} misses its threshold")
     if not checked:
         return f"gate {result.gate!r} is recorded as passed but measured nothing against a threshold"
     return None
@@ -66,4 +62,4 @@ def hold_to_figures(result: GateResult) -> GateResult:
         return result
     return result.model_copy(update={
         "outcome": Outcome.FAILED,
-        "summary": f"reported passed, but {'; '.join(_text(f) for f in missed[:3])}"})
+        "summary": f"reported passed, but {'; '.join(f.render() for f in missed[:3])}"})
