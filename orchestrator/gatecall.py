@@ -146,19 +146,15 @@ def _time_limit(limit_s: Optional[float]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def isolated_call(func: Callable[[], T], *, log_path: Path, root: Path,
-                  time_limit_s: Optional[float] = None) -> T:
-    """``func()`` with its output appended to ``log_path``, run in ``root``, its changes to
-    ``os.environ`` undone, and at most ``time_limit_s`` seconds (see module docstring)."""
+@contextlib.contextmanager
+def in_project(root: Path) -> Iterator[None]:
+    """Run the body in ``root``; afterwards the working folder and ``os.environ`` are as before."""
     env = dict(os.environ)
     cwd = os.getcwd() if os.path.isdir(".") else None
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.chdir(root)
-        with _output_to(log_fd), _time_limit(time_limit_s):
-            return func()
+        yield
     finally:
-        os.close(log_fd)
         if os.environ != env:
             os.environ.clear()
             os.environ.update(env)
@@ -167,3 +163,15 @@ def isolated_call(func: Callable[[], T], *, log_path: Path, root: Path,
                 os.chdir(cwd)
             except OSError:
                 pass
+
+
+def isolated_call(func: Callable[[], T], *, log_path: Path, root: Path,
+                  time_limit_s: Optional[float] = None) -> T:
+    """``func()`` with its output appended to ``log_path``, run in ``root``, its changes to
+    ``os.environ`` undone, and at most ``time_limit_s`` seconds (see module docstring)."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        with in_project(root), _output_to(log_fd), _time_limit(time_limit_s):
+            return func()
+    finally:
+        os.close(log_fd)

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 from kdtree.gates.base import GateContext, GateResult, run_check
 from kdtree.orchestrator import device as device_facts
 from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.gatecall import in_project
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.store import ResultStore
@@ -57,7 +58,8 @@ def replay_gate(plan: Plan, phase_id: str, gate: str, seeds: Sequence[int], devi
     resolved = device_facts.resolve_device(device)
     ctx = GateContext(device=resolved, requested_device=device, repo_root=plan.root,
                       replay_seeds=[int(s) for s in seeds], **({"progress": progress} if progress else {}))
-    return run_check(phase.spec.gate(gate), phase.checks.get(gate), ctx)
+    with in_project(plan.root):  # where `run` runs it, whatever folder the command was typed in
+        return run_check(phase.spec.gate(gate), phase.checks.get(gate), ctx)
 
 
 def replay_note(result: GateResult, seeds: Sequence[int]) -> Optional[str]:
