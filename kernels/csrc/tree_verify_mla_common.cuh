@@ -10,6 +10,7 @@
 
 #include "mma_sm80.cuh"
 #include "knobs.cuh"
+#include "timeline.cuh"
 #include "tree_verify_mla_launch.h"
 
 namespace kdtree {
