@@ -213,7 +213,7 @@ def summarize(tl: Timeline, cta: int, *, skip_tiles: int = 2) -> dict[str, Any]:
     """The figures of one CTA that test the suspected costs, over its recorded tiles from
     `skip_tiles` on (the ring's start-up left out):
 
-    - ``clocks_per_tile``: median distance between successive tiles' readiness on the consumers;
+    - ``clocks_per_tile``: the mean distance between successive tiles' readiness on the consumers;
       ``mma_clocks_per_tile``: the tensor pipe's need for one tile (`tile_mma_clocks`), and their
       ratio ``pipe_fraction`` (1: the pipe never waits);
     - ``softmax_clocks``, ``store_p_clocks``: median clocks from S's completion to P in registers
@@ -239,14 +239,11 @@ def summarize(tl: Timeline, cta: int, *, skip_tiles: int = 2) -> dict[str, Any]:
 
     ready = sorted(t for tile in counted for lane in lanes
                    if (t := tl.clock(cta, lane, tile, "tile_ready")) is not None)
-    per_tile = _median([float(b - a) for a, b in zip(ready, ready[1:])]) if tl.variant in ("wgmma",) else None
-    if per_tile is None:  # every consumer lane sees every tile: successive tiles of one lane
-        steps = []
-        for lane in lanes:
-            rs = [tl.clock(cta, lane, tile, "tile_ready") for tile in counted]
-            rs = [r for r in rs if r is not None]
-            steps += [float(b - a) for a, b in zip(rs, rs[1:])]
-        per_tile = _median(steps)
+    # the mean period: the wgmma variant's lanes take alternate tiles (in pairs, unevenly spaced);
+    # the others' lanes each see every tile, so their stamps of one tile coincide
+    firsts = sorted({min(ts) for tile in counted
+                     if (ts := [t for lane in lanes if (t := tl.clock(cta, lane, tile, "tile_ready")) is not None])})
+    per_tile = (firsts[-1] - firsts[0]) / (len(firsts) - 1) if len(firsts) > 1 else None
     mma = tile_mma_clocks(tl.variant)
     busy = merge([(s.start, s.end) for s in mma_spans(tl, cta) if s.tile in counted])
     pv_done = [t for tile in counted for lane in lanes if (t := tl.clock(cta, lane, tile, "pv_done")) is not None]
