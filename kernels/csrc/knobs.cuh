@@ -60,6 +60,9 @@ constexpr bool kSkipPV = (KD_SKIP & 4) != 0;
 constexpr bool kSkipLoads = (KD_SKIP & 8) != 0;
 constexpr bool kSkipCombine = (KD_SKIP & 16) != 0;
 
+// KD_BREAK 2 hides prefix keys, so no tile may skip the mask test (tile_needs_mask).
+constexpr bool kMaskEveryTile = (KD_BREAK & 2) != 0;
+
 // KD_BREAK 16: the wgmma variant reads the wrong half of V for its upper output columns.
 constexpr bool kWgmmaWrongHalf = (KD_BREAK & 16) != 0;
 

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
         for (int k = 0; k < KPT; ++k) s[k] += src[k];
       }
       const float alpha = softmax.update(s, mask_row, p.mask_words, tile_base + sc * KPT, Lp, kend, srow_valid,
-                                         p.scale_log2);
+                                         p.scale_log2, tile_needs_mask(tile_base, kBlockN, Lp, kend));
       KD_STAMP(kSoftmaxDone, it);
       store_p(sP + sr * kPStride + sc * KPT, s);
       if (sc == 0) sAlpha[sr] = alpha;

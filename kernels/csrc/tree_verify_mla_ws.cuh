@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
           s[1] = (v0.y + v1.y) + (v2.y + v3.y);
         }
       }
-      const float alpha =
-          softmax.update(s, mask_row, p.mask_words, tile_base + sc * kKPT, Lp, kend, srow_valid, p.scale_log2);
+      const float alpha = softmax.update(s, mask_row, p.mask_words, tile_base + sc * kKPT, Lp, kend, srow_valid,
+                                         p.scale_log2, tile_needs_mask(tile_base, kBN, Lp, kend));
       KD_STAMP(kSoftmaxDone, it);
       store_p(sP + sr * kPS + sc * kKPT, s);
       if (sc == 0) sAlpha[sr] = alpha;
