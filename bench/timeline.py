@@ -355,7 +355,7 @@ def collect(case: dict, *, variant: Optional[str] = None, num_splits: Optional[i
     q = case["q"]
     state = cuda_op.device_state(q.get_device())
     ext = state.ext
-    if not hasattr(ext, "timeline_read"):
+    if not (hasattr(ext, "timeline_enabled") and ext.timeline_enabled()):
         raise TimelineError(f"the loaded extension ({getattr(ext, '__file__', ext)}) is not a timeline build: run with "
                             "KDTREE_NVCC_FLAGS=-DKD_TIMELINE=1 set before the first kernel call")
     args = case_args(case)

@@ -17,9 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "tree_verify_mla_launch.h"
-#if KD_TIMELINE
 #include "timeline.cuh"  // the timeline build's buffers (kdtree.bench.timeline reads them)
-#endif
 
 namespace py = pybind11;
 
@@ -99,18 +97,20 @@ PYBIND11_MODULE(_tree_verify_mla, m) {
   for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
   m.attr("launch_fields") = fields;
   m.attr("block_n") = 32;
-#if KD_TIMELINE
   namespace tl = kdtree::timeline;
-  m.attr("timeline_shape") = py::make_tuple(tl::kCtas, tl::kLanes, tl::kTiles, tl::kEvents, tl::kHeaderFields, tl::kTile0);
+  int shape[6];
+  tl::shape(shape);
+  m.attr("timeline_shape") = py::make_tuple(shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]);
+  m.def("timeline_enabled", &tl::enabled, "Whether this is a timeline build (KD_TIMELINE=1)");
   m.def("timeline_reset", [] {
     const cudaError_t err = tl::reset();
     if (err != cudaSuccess) throw std::runtime_error(std::string("timeline_reset: ") + cudaGetErrorString(err));
   }, "Clear the timeline buffers (before the launch to record)");
-  m.def("timeline_read", [] {
-    std::string header(tl::header_bytes(), '\0'), stamps(tl::stamps_bytes(), '\0');
-    const cudaError_t err = tl::read(header.data(), stamps.data());
+  m.def("timeline_read", [shape] {
+    const std::size_t hb = 8ull * shape[0] * shape[4], sb = 8ull * shape[0] * shape[1] * (shape[2] + 1) * shape[3];
+    std::string header(hb, '\0'), stamps(sb, '\0');
+    const cudaError_t err = tl::read(header.data(), hb, stamps.data(), sb);
     if (err != cudaSuccess) throw std::runtime_error(std::string("timeline_read: ") + cudaGetErrorString(err));
     return py::make_tuple(py::bytes(header), py::bytes(stamps));
   }, "(header, stamps) bytes of the timeline buffers (synchronises with the device)");
-#endif
 }

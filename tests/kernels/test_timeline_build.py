@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kdtree.bench import timeline as tlm
-from kdtree.kernels.jit import CSRC
+from kdtree.kernels.jit import CSRC, find_cuobjdump, find_nvcc
 
 HEADER = (CSRC / "timeline.cuh").read_text()
 KERNELS = ("tree_verify_mla_base.cuh", "tree_verify_mla_ws.cuh", "tree_verify_mla_sm90a.cuh")
@@ -34,8 +34,9 @@ def _snake(name: str) -> str:
 def test_event_ids_are_the_decoders():
     names = _enum_names()
     assert [_snake(n) for n in names] == list(tlm.EVENTS)
-    assert int(re.search(r"kEvents = (\d+)", HEADER).group(1)) >= len(tlm.EVENTS)
-    assert int(re.search(r"kHeaderFields = (\d+)", HEADER).group(1)) == len(tlm.HEADER_FIELDS)
+    knobs = (CSRC / "knobs.cuh").read_text()
+    assert int(re.search(r"kTimelineEvents = (\d+)", knobs).group(1)) >= len(tlm.EVENTS)
+    assert int(re.search(r"kTimelineHeaderFields = (\d+)", knobs).group(1)) == len(tlm.HEADER_FIELDS)
 
 
 def test_every_stamp_in_the_kernels_names_an_event():
@@ -47,14 +48,27 @@ def test_every_stamp_in_the_kernels_names_an_event():
     assert {"kTileReady", "kSIssued", "kSDone", "kSoftmaxDone", "kPVIssued", "kPVDone", "kLoadIssued"} <= used
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler for the preprocessor")
-@pytest.mark.parametrize("flags, expect", [([], "((void)0)"), (["-DKD_TIMELINE=0"], "((void)0)")])
-def test_default_build_stamps_are_empty(tmp_path, flags, expect):
-    src = tmp_path / "t.cpp"
-    src.write_text('#include "timeline.cuh"\nSTAMP: KD_STAMP(kSDone, 3); KD_STAMP_LANE(kLaneEnd); KD_STAMP_CTA_BEGIN(7);\n')
-    out = subprocess.run(["g++", "-E", "-P", *flags, f"-I{CSRC}", str(src)], capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith("STAMP:"))
-    assert line.count(expect) == 3
+def _sass(tmp_path, body: str, flags: list[str]) -> tuple[list[str], str]:
+    """(instructions without addresses, ELF listing) of a small kernel that includes timeline.cuh."""
+    src = tmp_path / "k.cu"
+    src.write_text('#include "timeline.cuh"\n__global__ void k(float* o) { ' + body + ' o[threadIdx.x] = 1.f; }\n')
+    cubin = tmp_path / "k.cubin"
+    subprocess.run([find_nvcc(), "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *flags, f"-I{CSRC}", str(src),
+                    "-o", str(cubin)], check=True, capture_output=True, text=True)
+    dump = subprocess.run([find_cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    elf = subprocess.run([find_cuobjdump(), "-elf", str(cubin)], check=True, capture_output=True, text=True).stdout
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*;)", dump), elf
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None or find_cuobjdump() is None, reason="needs nvcc and cuobjdump")
+def test_default_build_stamps_compile_to_nothing(tmp_path):
+    stamps = "KD_STAMP_CTA_BEGIN(3); KD_STAMP(kSDone, 1); KD_STAMP_LANE(kLaneEnd); KD_STAMP_CTA_END();"
+    plain, plain_elf = _sass(tmp_path, "", [])
+    stamped, stamped_elf = _sass(tmp_path, stamps, [])
+    assert stamped == plain and "timeline_" not in stamped_elf
+    timed, timed_elf = _sass(tmp_path, stamps, ["-DKD_TIMELINE=1"])
+    assert any(i.startswith("CS2R") and "SR_CLOCK" in i for i in timed) and "timeline_stamps_buf" in timed_elf
 
 
 @pytest.mark.gpu
