@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -161,15 +162,20 @@ def render_command(dump: Path, out: Optional[Path], cta: Optional[int], tiles: t
     return 0
 
 
-@command.command("summary", help="The figures of each SM's first CTA (or --cta) of a saved dump, one JSON line each.")
+@command.command("summary", help="The figures of each SM's first CTA (or --cta) of a saved dump, one JSON line each, then their medians.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--cta", type=int, help="only this CTA")
 @common_options
 def summary_command(dump: Path, cta: Optional[int]) -> int:
     tl = _load(dump)
     ctas = [pick_cta(tl, cta)] if cta is not None else list(tlm.one_cta_per_sm(tl).values())
-    for c in ctas:
-        click.echo(json.dumps(tlm.summarize(tl, c)))
+    rows = [tlm.summarize(tl, c) for c in ctas]
+    for r in rows:
+        click.echo(json.dumps(r))
+    if len(rows) > 1:
+        med = {k: statistics.median(vs) for k in rows[0] if k not in ("cta", "smid")
+               if (vs := [r[k] for r in rows if isinstance(r.get(k), (int, float))])}
+        click.echo(json.dumps({"median_over_sms": len(rows), **med}))
     return 0
 
 
