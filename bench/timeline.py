@@ -8,8 +8,8 @@ CTAs (by linear block index), with each CTA's SM id and global start time. `coll
 launch of a case and reads the buffers back (GPU); everything else works on the CPU: a
 `Timeline` is saved and loaded as ``.npz`` or ``.json`` (`save`, `load`), cut into what each lane
 was doing between consecutive stamps (`lane_spans`), the intervals in which a lane had MMAs in
-flight (`mma_spans`: from an issue stamp to the stamp after the wait that saw them done, an upper
-bound), and summed up per CTA (`summarize`: the figures that test the kernel's three suspected
+flight (`mma_spans`: from the start of an issue to the stamp after the wait that saw it done, an
+upper bound), and summed up per CTA (`summarize`: the figures that test the kernel's three suspected
 costs: the softmax between S and P, the tensor pipe's idle gaps, and the waits for tiles).
 ``kdtree.tools.timeline`` draws it.
 """
@@ -158,18 +158,23 @@ def lane_spans(tl: Timeline, cta: int) -> list[Span]:
 
 
 def mma_spans(tl: Timeline, cta: int) -> list[Span]:
-    """Per lane and tile, from S's issue to its completion and from PV's issue to its completion
-    (the stamp after the wait that saw them done: an upper bound of the MMAs' time in the pipe)."""
+    """Per lane and tile, S's and PV's time on the tensor pipe, at most: from the start of their
+    issue (the lane's stamp before ``s_issued`` / ``pv_issued``: a warpgroup's wgmma instructions
+    stall at issue while the pipe works through those before them, so the issue span is mostly
+    execution) to the stamp after the wait that saw them done (``s_done`` / ``pv_done``)."""
     out = []
+    last = tl.field(cta, "tiles")
     for lane in range(tl.stamps.shape[1]):
+        stamps = _lane_stamps(tl, cta, lane)
+        before = {(tile, ev): stamps[i - 1][0] for i, (_, tile, ev) in enumerate(stamps) if i > 0}
         for t in range(tl.tiles):
             tile = t + tl.tile0
-            if tile >= tl.field(cta, "tiles"):
+            if tile >= last:
                 break
             for a, b in (("s_issued", "s_done"), ("pv_issued", "pv_done")):
                 t0, t1 = tl.clock(cta, lane, tile, a), tl.clock(cta, lane, tile, b)
                 if t0 is not None and t1 is not None and t1 >= t0:
-                    out.append(Span(lane, "MMA", t0, t1, tile, b))
+                    out.append(Span(lane, "MMA", before.get((tile, a), t0), t1, tile, b))
     return out
 
 

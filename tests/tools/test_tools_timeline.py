@@ -142,3 +142,13 @@ def test_parse_tiles():
 def test_run_refuses_without_a_gpu(tmp_path, capsys):
     assert main(["run", "--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_mma_spans_start_where_the_issue_starts():
+    """wgmma instructions stall at issue while the pipe works, so an MMA's span starts at the
+    lane's stamp before its issue stamp, and ends at the stamp after its wait."""
+    tl = wgmma_like()
+    s = [x for x in tlm.mma_spans(tl, 0) if x.lane == 0 and x.tile == 2 and x.event == "s_done"][0]
+    assert (s.start, s.end) == (tl.clock(0, 0, 2, "tile_ready"), tl.clock(0, 0, 2, "s_done"))
+    pv = [x for x in tlm.mma_spans(tl, 0) if x.lane == 0 and x.tile == 2 and x.event == "pv_done"][0]
+    assert (pv.start, pv.end) == (tl.clock(0, 0, 2, "p_stored"), tl.clock(0, 0, 2, "pv_done"))
