@@ -93,10 +93,6 @@ PYBIND11_MODULE(_tree_verify_mla, m) {
   m.def("run", &run, py::arg("params"),
         "Launch tree-verify attention from the launch_fields tuple, on its stream (no allocation, no sync)");
   m.def("shared_bytes", &kdtree::shared_bytes, "Dynamic shared memory per block of a variant (-1: unknown)");
-  py::tuple fields(static_cast<std::size_t>(kNumLaunchFields));
-  for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
-  m.attr("launch_fields") = fields;
-  m.attr("block_n") = 32;
   namespace tl = kdtree::timeline;
   int shape[6];
   tl::shape(shape);
@@ -113,4 +109,8 @@ PYBIND11_MODULE(_tree_verify_mla, m) {
     if (err != cudaSuccess) throw std::runtime_error(std::string("timeline_read: ") + cudaGetErrorString(err));
     return py::make_tuple(py::bytes(header), py::bytes(stamps));
   }, "(header, stamps) bytes of the timeline buffers (synchronises with the device)");
+  py::tuple fields(static_cast<std::size_t>(kNumLaunchFields));
+  for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
+  m.attr("launch_fields") = fields;
+  m.attr("block_n") = 32;
 }
