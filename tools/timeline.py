@@ -173,9 +173,7 @@ def summary_command(dump: Path, cta: Optional[int]) -> int:
     for r in rows:
         click.echo(json.dumps(r))
     if len(rows) > 1:
-        med = {k: statistics.median(vs) for k in rows[0] if k not in ("cta", "smid")
-               if (vs := [r[k] for r in rows if isinstance(r.get(k), (int, float))])}
-        click.echo(json.dumps({"median_over_sms": len(rows), **med}))
+        click.echo(json.dumps({"median_over_sms": len(rows), **_medians(rows)}))
     return 0
 
 
@@ -219,12 +217,19 @@ def run_command(configs, variant, splits, out_dir: Path, tiles, revision: str, s
         first = next(iter(per_sm.values()), None)
         if draw and first is not None:
             render(tl, dump.with_suffix(".png"), first, tiles)
-        s = tlm.summarize(tl, first) if first is not None else {}
+        med = _medians([tlm.summarize(tl, c) for c in per_sm.values()])
         click.echo(f"H{H} T{T} B{B} L{L} {tl.variant} splits={tl.meta.get('num_splits')}: {len(per_sm)} SMs recorded; "
-                   f"CTA {first}: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                                 for k, v in s.items() if k not in ("cta", "smid")))
+                   "medians over their first CTAs: " + ", ".join(f"{k}={v:.3g}" for k, v in med.items()))
     (out_dir / "summary.jsonl").write_text("\n".join(lines) + "\n")
     return 0
+
+
+def _medians(rows: list[dict]) -> dict:
+    """Each numeric figure's median over `rows` (summaries), CTA and SM ids left out."""
+    if not rows:
+        return {}
+    return {k: float(statistics.median(vs)) for k in rows[0] if k not in ("cta", "smid")
+            if (vs := [r[k] for r in rows if isinstance(r.get(k), (int, float))])}
 
 
 def _parse_configs(text: str) -> list[tuple[int, int, int, int]]:

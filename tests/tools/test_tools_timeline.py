@@ -2,6 +2,7 @@
 the lane spans, the summary figures, the picture, and the CLI's refusals."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -152,3 +153,30 @@ def test_mma_spans_start_where_the_issue_starts():
     assert (s.start, s.end) == (tl.clock(0, 0, 2, "tile_ready"), tl.clock(0, 0, 2, "s_done"))
     pv = [x for x in tlm.mma_spans(tl, 0) if x.lane == 0 and x.tile == 2 and x.event == "pv_done"][0]
     assert (pv.start, pv.end) == (tl.clock(0, 0, 2, "p_stored"), tl.clock(0, 0, 2, "pv_done"))
+
+
+def test_run_writes_dumps_pictures_and_summaries(tmp_path, monkeypatch, capsys):
+    """`run` as the device script calls it, with the GPU parts (the case and the launch) stubbed:
+    it asks for the timeline build, and writes each config's dump, picture and per-SM summary."""
+    import kdtree.bench.cases as cases
+    import kdtree.tools.timeline as tool
+
+    seen = {}
+
+    def fake_collect(case, *, variant=None, num_splits=None, meta=None):
+        seen["flags"] = os.environ.get("KDTREE_NVCC_FLAGS")
+        tl = wgmma_like()
+        tl.meta.update(meta or {}, num_splits=2)
+        return tl
+
+    monkeypatch.setattr(tool.cli, "require_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(cases, "make_case", lambda *a, **k: {})
+    monkeypatch.setattr(tlm, "collect", fake_collect)
+    monkeypatch.setenv("KDTREE_NVCC_FLAGS", "-DKD_SKIP=8")
+    assert main(["run", "--configs", "64,64,1,32768", "--out", str(tmp_path), "--revision", "r1"]) == 0
+    assert seen["flags"] == "-DKD_SKIP=8 -DKD_TIMELINE=1"
+    assert {p.name for p in tmp_path.iterdir()} == {"timeline-64-64-1-32768.npz", "timeline-64-64-1-32768.png",
+                                                    "summary.jsonl"}
+    lines = [json.loads(x) for x in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert [x["smid"] for x in lines] == [3, 7] and all(x["revision"] == "r1" for x in lines)
+    assert "2 SMs recorded; medians over their first CTAs: " in capsys.readouterr().out
