@@ -329,10 +329,14 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
     const bool has_b = 2 * i + 1 < c.num_tiles;
     float s[32];  // per pair, as the other schedule: nothing of it lives across pairs
     uint32_t pa[4][4];
+    KD_STAMP(kTileWait, 2 * i);
     mbar_wait(&c.full[0], i & 1);
+    KD_STAMP(kTileReady, 2 * i);
     fence_proxy_async_shared();
     issue_qk(s, dq, stage_addr(c.sbase, 0));
+    KD_STAMP(kSIssued, 2 * i);
     wgmma_wait<0>();  // S_a
+    KD_STAMP(kSDone, 2 * i);
     fence_operands(s);
     fence_operands(o);
     float m_in[2], m_a[2], sa[2], psum[2], sb[2] = {1.f, 1.f};
@@ -343,8 +347,10 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
       psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + 2 * i * kBN, c.br.kend, c.br.Lp,
                             m_in[h], m_a[h], sa[h]);
     pack_p(s, pa);
+    KD_STAMP(kSoftmaxDone, 2 * i);
     store_p(c.smem, pa, t);  // P_a for warpgroup 1's half of P_a V_a
     fence_proxy_async_shared();
+    KD_STAMP(kPStored, 2 * i);
     __syncwarp();  // the quad's reads of sM above come before its first lane overwrites them
     if (t.t4 == 0) {
       c.sM[t.r_lo] = m_a[0];
@@ -354,29 +360,41 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
     }
     rescale_o(o, sa);
     issue_pv_rs(o, pa, stage_addr(c.sbase, 0) + v_half);
+    KD_STAMP(kPVIssued, 2 * i);
     // bar.sync on both sides (compute-sanitizer's racecheck does not take a bar.arrive as
     // ordering the arriving side's reads before the other side's later writes)
+    KD_STAMP(kBarWait0, 2 * i);
     named_barrier_sync(kBarMA, kConsumers);
+    KD_STAMP(kBarDone0, 2 * i);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
     if (has_b) {
+      KD_STAMP(kBarWait1, 2 * i + 1);
       named_barrier_sync(kBarSB, kConsumers);  // tile b's max and factor
+      KD_STAMP(kBarDone1, 2 * i + 1);
       sb[0] = sScaleB[t.r_lo];
       sb[1] = sScaleB[t.r_lo + 8];
     }
     wait_mma<0>(o);  // P_a V_a done: stage 0 is free of this warpgroup
+    KD_STAMP(kPVDone, 2 * i);
     mbar_arrive(&c.empty[0]);
+    KD_STAMP(kStageFreed, 2 * i);
     if (has_b) {
       rescale_o(o, sb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_part[h] *= sb[h];
+      KD_STAMP(kBarWait2, 2 * i + 1);
       named_barrier_sync(kBarPB, kConsumers);  // P_b in shared memory
+      KD_STAMP(kBarDone2, 2 * i + 1);
       issue_pv_ss(o, dp, stage_addr(c.sbase, 1) + v_half);
+      KD_STAMP(kPVIssued, 2 * i + 1);
       // done before the next pair's S_a is issued (it would queue behind it on the tensor pipe
       // anyway): stage 1 goes back to the producer at once, so tile b's next load is not held
       // up by the next S_a, and P's buffer is free for the next P_a
       wait_mma<0>(o);
+      KD_STAMP(kPVDone, 2 * i + 1);
       mbar_arrive(&c.empty[1]);
+      KD_STAMP(kStageFreed, 2 * i + 1);
     }
   }
 }
@@ -393,11 +411,16 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     float s[32];
     uint32_t pa[4][4];
     if (has_b) {
+      KD_STAMP(kTileWait, 2 * i + 1);
       mbar_wait(&c.full[1], i & 1);
+      KD_STAMP(kTileReady, 2 * i + 1);
       fence_proxy_async_shared();
       issue_qk(s, dq, stage_addr(c.sbase, 1));
+      KD_STAMP(kSIssued, 2 * i + 1);
     }
+    KD_STAMP(kBarWait0, 2 * i);
     named_barrier_sync(kBarMA, kConsumers);  // tile a's max, factor and P
+    KD_STAMP(kBarDone0, 2 * i);
     float m_a[2], sa[2], sb[2] = {1.f, 1.f}, m_b[2], psum[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -407,6 +430,7 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     mbar_wait(&c.full[0], i & 1);  // (done: warpgroup 0 read the same stage) for this thread's view of the bytes
     fence_proxy_async_shared();
     wgmma_wait<0>();  // S_b, done by now (it ran during warpgroup 0's softmax): O is not touched while it flies
+    KD_STAMP(kSDone, 2 * i + 1);
     fence_operands(s);  // (unconditional: the compiler does not pair this with the branch that issued S_b)
     // The softmax of b runs while warpgroup 0's P_a V_a keeps the tensor pipe busy. (Issuing this
     // warpgroup's P_a V_a before it makes ptxas serialise every wgmma of the kernel, C7515: it
@@ -416,6 +440,7 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
       for (int h = 0; h < 2; ++h)
         psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + (2 * i + 1) * kBN, c.br.kend,
                               c.br.Lp, m_a[h], m_b[h], sb[h]);
+      KD_STAMP(kSoftmaxDone, 2 * i + 1);
       __syncwarp();
       if (t.t4 == 0) {
         c.sM[t.r_lo] = m_b[0];
@@ -426,22 +451,33 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     }
     rescale_o(o, sa);
     issue_pv_ss(o, dp, stage_addr(c.sbase, 0) + v_half);  // O_R = sa O_R + P_a V_a[:, 256:512]
+    KD_STAMP(kPVIssued, 2 * i);
     // bar.sync on both sides, as the other schedule's P hand-off: this warpgroup's reads of
     // tile a's max and factor also come before warpgroup 0 overwrites them for the next pair
+    KD_STAMP(kBarWait1, 2 * i + 1);
     if (has_b) named_barrier_sync(kBarSB, kConsumers);
+    KD_STAMP(kBarDone1, 2 * i + 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
     wait_mma<0>(o);  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
+    KD_STAMP(kPVDone, 2 * i);
     mbar_arrive(&c.empty[0]);
+    KD_STAMP(kStageFreed, 2 * i);
     if (has_b) {
       rescale_o(o, sb);
       pack_p(s, pa);
       store_p(c.smem, pa, t);  // P_b for warpgroup 0's half of P_b V_b
       fence_proxy_async_shared();
+      KD_STAMP(kPStored, 2 * i + 1);
       issue_pv_rs(o, pa, stage_addr(c.sbase, 1) + v_half);
+      KD_STAMP(kPVIssued, 2 * i + 1);
+      KD_STAMP(kBarWait2, 2 * i + 1);
       named_barrier_sync(kBarPB, kConsumers);  // both sides: P_a's reads and P_b's writes before the next P_a
+      KD_STAMP(kBarDone2, 2 * i + 1);
       wait_mma<0>(o);
+      KD_STAMP(kPVDone, 2 * i + 1);
       mbar_arrive(&c.empty[1]);
+      KD_STAMP(kStageFreed, 2 * i + 1);
     }
   }
 }
@@ -515,6 +551,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   }
   if (tid == 0) fence_mbarrier_init();
   __syncthreads();
+  KD_STAMP_CTA_BEGIN(num_tiles);
+  KD_STAMP_LANE(kLaneBegin);
 
   if (warp >= kConsumers / 32) {
     // ---------------- producer warpgroup ----------------
@@ -540,7 +578,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     if (!hooks::kSkipLoads && num_tiles > 0) fetch_slots(0);
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % kStages;
+      KD_STAMP(kLoadWaitFree, it);
       if (it >= kStages) mbar_wait(&empty[stage], ((it / kStages) - 1) & 1);
+      KD_STAMP(kLoadFree, it);
       if (hooks::kSkipLoads) {
         mbar_arrive(&full[stage]);
         continue;
@@ -557,8 +597,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       }
       if (it + 1 < num_tiles) fetch_slots(it + 1);  // the next tile's slot ids load while these copies fly
       cp_async_mbar_arrive_noinc(smem_addr(&full[stage]));  // the consumers fence the bytes into the async proxy
+      KD_STAMP(kLoadIssued, it);
     }
     cp_async_wait<0>();
+    KD_STAMP_LANE(kLaneEnd);
     return;
   }
 
@@ -580,6 +622,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   // ---------------- epilogue: both warpgroups, their own 256 columns ----------------
   named_barrier_sync(kBarEpilogue, kConsumers);
   store_o(p, c, t, o);
+  KD_STAMP_LANE(kLaneEnd);
+  KD_STAMP_CTA_END();
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an arch without wgmma: never launched (launch_plan dispatches it on sm_90a only)
 #endif
