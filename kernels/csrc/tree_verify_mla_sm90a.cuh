@@ -187,32 +187,41 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t dq, uint32_t k
 // r_lo, r_lo + 8; row_ok: the row exists, mask_row: its tree-mask row) against the row's running
 // max m_in (lazy rescale, as the other variants): m_out gets the new max, scale the factor O and
 // the row sum must be scaled by; returns this thread's share of the new P's row sum. m_in may be
-// m_out.
+// m_out. Only tiles that reach the tree or the split's end test the mask (tile_needs_mask); the
+// max is taken raw and scaled once, each P is one FFMA and one ex2.approx (OnlineSoftmax's form).
 __device__ __forceinline__ float softmax_row(const TreeVerifyParams& p, float (&s)[32], int h, bool row_ok,
                                              const int32_t* mask_row, int t4, int tile_base, int kend, int Lp,
                                              float m_in, float& m_out, float& scale) {
-  const int nvalid = kend - tile_base;
-  uint64_t vis = 0;
-  if (row_ok) {
-    vis = tree_visible_bits(mask_row, p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
-    if (nvalid > 32) vis |= (tree_visible_bits(mask_row, p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
-    if (nvalid < 64) vis &= (1ull << nvalid) - 1;
-  }
   float tmax = minus_infinity();
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float& x = s[4 * j + 2 * h + e];
-      x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
-      tmax = fmaxf(tmax, x);
+  if (tile_needs_mask(tile_base, kBN, Lp, kend)) {
+    const int nvalid = kend - tile_base;
+    uint64_t vis = 0;
+    if (row_ok) {
+      vis = tree_visible_bits(mask_row, p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
+      if (nvalid > 32) vis |= (tree_visible_bits(mask_row, p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
+      if (nvalid < 64) vis &= (1ull << nvalid) - 1;
     }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x : minus_infinity();
+        tmax = fmaxf(tmax, x);
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) tmax = fmaxf(tmax, s[4 * j + 2 * h + e]);
+  }
   tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
   tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+  const float c = p.scale_log2 * hooks::kScoreScale;
   float m = m_in, a = 1.f;
-  const float m_new = fmaxf(m, tmax);
+  const float m_new = fmaxf(m, tmax * c);
   if (m_new > m + kRescaleLog2) {
-    a = exp2f(m - m_new);
+    a = fast_exp2(m - m_new);
     m = m_new;
   }
   const float m_use = m == minus_infinity() ? 0.f : m;
@@ -222,7 +231,7 @@ __device__ __forceinline__ float softmax_row(const TreeVerifyParams& p, float (&
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float& x = s[4 * j + 2 * h + e];
-      x = exp2f(x - m_use);
+      x = fast_exp2(fmaf(x, c, -m_use));
       sum += x;
     }
   m_out = m;
@@ -238,17 +247,17 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[4][4
     for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
 }
 
-// P into shared memory (128-byte swizzle), for the other warpgroup's PV; the caller fences it
-// into the async proxy.
+// P into shared memory (128-byte swizzle), for the other warpgroup's PV, one stmatrix.x4 per
+// 16 keys (the four 8x8 blocks of pa[kk]: rows r, r + 8 by keys 16 kk, 16 kk + 8; lane l gives
+// row l % 8 of block l / 8); the caller fences it into the async proxy.
 __device__ __forceinline__ void store_p(uint8_t* smem, const uint32_t (&pa)[4][4], const ConsumerThread& t) {
+  const int lane = 4 * t.g + t.t4, blk = lane >> 3;
+  const int row = 16 * t.w + (blk & 1) * 8 + (lane & 7);
+  const uint32_t base = smem_addr(smem + Smem::p_off);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const int c0 = 16 * kk + 2 * t.t4;
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0)) = pa[kk][0];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0)) = pa[kk][1];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0 + 8)) = pa[kk][2];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0 + 8)) = pa[kk][3];
-  }
+  for (int kk = 0; kk < 4; ++kk)
+    stmatrix_x4_s(base + swizzle128_offset(kBM, row, 16 * kk + (blk >> 1) * 8), pa[kk][0], pa[kk][1], pa[kk][2],
+                  pa[kk][3]);
 }
 
 // O's rows scaled by the softmax's rescale factors (skipped when no row of the warp moved).
