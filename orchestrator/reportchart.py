@@ -159,7 +159,7 @@ def _legend(chart: Chart) -> tuple[list[str], int]:
         if x + width > WIDTH - RIGHT and x > LEFT:
             x, y = LEFT, y + LEGEND_ROW
         dash = {"threshold": ' stroke-dasharray="6 3"', "target": ' stroke-dasharray="2 3"'}.get(kind, "")
-        out.append(f'<g class="legend {kind}"><line x1="{_f(x)}" y1="{y - 4}" x2="{_f(x + 18)}" y2="{y - 4}" '
+        out.append(f'<g class="legend legend-{kind}"><line x1="{_f(x)}" y1="{y - 4}" x2="{_f(x + 18)}" y2="{y - 4}" '
                    f'stroke="{color}" stroke-width="2"{dash}/>'
                    f'<text x="{_f(x + 22)}" y="{y}">{escape(label)}</text></g>')
         x += width
