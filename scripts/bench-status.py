@@ -2,7 +2,9 @@
 """How long `orchestrate status` takes, as a user starts it: a fresh process each time.
 
 Times ``python -m kdtree.orchestrator status`` (the console script runs the same code) N times
-in each project and prints min / median / max wall seconds, beside an empty Python start
+in each project and prints min / median / max wall seconds, and the CPU seconds the command and
+the git processes it started used (user + system: what it costs on an idle machine, far less
+disturbed than wall time by other work on a loaded one), beside an empty Python start
 (``python -c pass``) for reference:
 
 - ``repo``: this repository (or ``--repo FOLDER``), with its recorded runs;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _orchestrate(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kdtree.orchestrator", *args], cwd=cwd,
-                          capture_output=True, text=True, check=check)
+                          capture_output=True, text=True, check=check, env=_env())
 
 
 def _git(cwd: Path, *args: str) -> None:
@@ -69,28 +72,38 @@ def two_phase_project(folder: Path) -> Path:
     return folder
 
 
-def time_command(argv: list[str], cwd: Path, n: int) -> list[float]:
-    """Wall seconds of ``n`` runs of ``argv`` (after one warm-up run); a failure stops the bench."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", "")}
-    first = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
+def _env() -> dict[str, str]:
+    """The environment a user's shell gives: bytecode caches are written and read."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def time_command(argv: list[str], cwd: Path, n: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of ``n`` runs of ``argv`` (after one warm-up run, which also writes
+    the bytecode caches); a failure stops the bench."""
+    first = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=_env())
     if first.returncode not in (0, 1, 3):
         raise SystemExit(f"{' '.join(argv)} in {cwd} exited {first.returncode}:\n{first.stderr}")
-    times = []
+    wall, cpu = [], []
     for _ in range(n):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        times.append(time.perf_counter() - start)
-    return times
+        subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+        wall.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
-def report(label: str, times: list[float]) -> None:
-    print(f"{label:<28} min {min(times):.3f} s   median {statistics.median(times):.3f} s   "
-          f"max {max(times):.3f} s   (n={len(times)})")
+def report(label: str, times: tuple[list[float], list[float]]) -> None:
+    wall, cpu = times
+    print(f"{label:<28} wall min {min(wall):.3f} s  median {statistics.median(wall):.3f} s  "
+          f"max {max(wall):.3f} s | cpu min {min(cpu):.3f} s  median {statistics.median(cpu):.3f} s  "
+          f"(n={len(wall)})")
 
 
 def slowest_imports(cwd: Path, top: int = 15) -> None:
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "kdtree.orchestrator", "status"],
-                          cwd=cwd, capture_output=True, text=True)
+                          cwd=cwd, capture_output=True, text=True, env=_env())
     rows = []
     for line in done.stderr.splitlines():
         parts = line.split("|")
@@ -111,6 +124,8 @@ def main() -> None:
     if args.n < 1:
         parser.error("-n must be at least 1")
     status = [sys.executable, "-m", "kdtree.orchestrator", "status"]
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs; "
+          f"{sys.executable}")
     report("python -c pass", time_command([sys.executable, "-c", "pass"], ROOT, args.n))
     report(f"status: {args.repo.name}", time_command(status, args.repo, args.n))
     if args.importtime:

@@ -65,3 +65,18 @@ def test_status_listing_reads_as_with_rich(project, monkeypatch):
     monkeypatch.setattr(display, "listing_console", Recorder)
     project.cli("status")
     assert ours == "".join(printed) and "failed" in ours and "speedup 1.5x >= 3x (miss)" in ours
+
+
+def test_status_imports_neither_rich_nor_jinja2(project):
+    """`orchestrate status` as a user starts it loads no rich, jinja2 or torch (it starts fast)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    project.cli("run", "p1")
+    probe = ("import sys\nsys.argv = ['orchestrate', 'status']\nfrom kdtree.orchestrator.cli import main\n"
+             "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+             "print('LOADED', sorted(m for m in ('rich', 'jinja2', 'torch') if m in sys.modules), code)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=project.root, capture_output=True, text=True,
+                          timeout=120)
+    assert "p1 alpha  passed" in done.stdout, done.stdout + done.stderr
+    assert "LOADED [] 0" in done.stdout
