@@ -5,7 +5,7 @@ on a shared x axis of run slots (oldest left; each slot labelled with the run's 
 and horizontal `RefLine`\\ s for the gate's threshold (a step line where it changed between
 runs) and its targets. Every point carries a ``<title>`` (run, date, commit, device, value),
 which browsers show on hover. The y axis is logarithmic when every value is positive and they
-span three decades or more.
+span two decades or more.
 
 The markup is deterministic (same chart, same bytes) and its elements carry classes the tests
 and the page's style sheet use: ``chart``, ``series``, ``point``, ``miss``, ``threshold``,
@@ -86,7 +86,7 @@ class _Scale:
     def __init__(self, values: list[float], top: float, height: float):
         self.top, self.bottom = top, height - BOTTOM
         lo, hi = min(values), max(values)
-        self.log = lo > 0 and hi / lo >= 1000
+        self.log = lo > 0 and hi / lo >= 100
         if self.log:
             self.lo, self.hi = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
             if self.hi == self.lo:
