@@ -105,7 +105,7 @@ class _Scale:
         if lo >= 0 > self.lo:  # counts and ratios never go below zero
             self.lo = 0.0
         count = int(round((self.hi - self.lo) / step))
-        self.ticks = [self.lo + i * step for i in range(count + 1)]
+        self.ticks = [round(self.lo + i * step, 12) for i in range(count + 1)]
 
     def y(self, value: float) -> float:
         v = math.log10(value) if self.log else value
