@@ -55,6 +55,9 @@ class ChartView:
 
 @dataclass
 class GateView:
+    """A gate as the page shows it: its outcome and figures in the deciding run, its targets
+    there, and its charts across every recorded run."""
+
     name: str
     kind: str
     description: str
@@ -68,6 +71,9 @@ class GateView:
 
 @dataclass
 class PhaseView:
+    """A phase as the page shows it: its state now, the deciding run, the latest full run per
+    device and its gates."""
+
     id: str
     title: str
     objective: str
