@@ -13,26 +13,43 @@ from kdtree.orchestrator.targets import target_text
 from kdtree.orchestrator.views import key_figure_text, targets_view, when
 
 STYLE = {"passed": "green", "failed": "red", "error": "bold red", "not-implemented": "red",
-         "skipped": "yellow", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
+         "skipped": "yellow", "timeout": "bold red", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
          "met": "green", "not met": "yellow", "not measured": "dim"}
 
 
-def console(stderr: bool = False, keep_going: bool = False):
+def console(stderr: bool = False, keep_going: bool = False, file=None):
     """A rich console. When its reader goes away (``| head``), later output is discarded and a
     listing ends with BrokenPipeError (the CLI exits 141), or, with ``keep_going`` (a run's live
-    display), the command goes on silently. Rich's own default would exit 1 ("not passed")."""
+    display), the command goes on silently. Rich's own default would exit 1 ("not passed").
+    ``file``: write there instead of the current stdout/stderr."""
     from rich.console import Console  # noqa: PLC0415
 
     from kdtree.orchestrator.terminal import silence_stdout  # noqa: PLC0415
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
-            silence_stdout(err=stderr)
+            if file is None:
+                silence_stdout(err=stderr)
             self.quiet = True
             if not keep_going:
                 raise BrokenPipeError("the output pipe was closed")
 
-    return _Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True, file=file)
+
+
+def _own_stdout():
+    """A stream on a copy of stdout's file descriptor, made now: a gate's output, which is sent
+    to the run's log while it runs (fd 1 included), never reaches it, and the live display
+    never reaches the log. The current ``sys.stdout`` when it has no descriptor (a test runner)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    try:
+        fd = os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        return sys.stdout
+    return os.fdopen(fd, "w", encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
+                     errors="replace", closefd=True)
 
 
 def listing_console():
@@ -112,6 +129,8 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
             head += (f"  deciding run {_esc(when(rec))}  {_esc(rec.git.short)}  {_esc(rec.device.label)}"
                      + ("  [bold]forced[/bold]" if rec.forced else ""))
         out.print(head)
+        if st.unreadable:
+            out.print(f"    [bold red]unreadable:[/bold red] {_esc(st.unreadable)}")
         for reason in st.stale_reasons:
             out.print(f"    [magenta]stale:[/magenta] {_esc(reason)}")
         for note in st.not_deciding:
@@ -148,9 +167,11 @@ class RichReporter:
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-        self.console = console(keep_going=True)
+        self._out = _own_stdout()
+        self.console = console(keep_going=True, file=self._out)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TimeElapsedColumn(), console=self.console, transient=True)
+                                 TimeElapsedColumn(), console=self.console, transient=True,
+                                 redirect_stdout=False, redirect_stderr=False)
         self.task: Optional[int] = None
         self.width = 0
 
@@ -178,3 +199,10 @@ class RichReporter:
 
     def close(self) -> None:
         self.progress.stop()
+        import sys  # noqa: PLC0415
+
+        if self._out is not sys.stdout:
+            try:
+                self._out.close()
+            except OSError:  # its reader went away: nothing left to say to it
+                pass

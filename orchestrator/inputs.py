@@ -11,7 +11,10 @@ difference means the files changed while the gates ran, even when an edit was re
 the end (the content hash alone would not see it; the ctime does, since no write leaves it).
 
 Globs are relative to the repo root: ``*`` and ``?`` stay within one path segment, ``**`` spans
-any number of segments (``kernels/csrc/**`` is everything below ``kernels/csrc``).
+any number of segments (``kernels/csrc/**`` is everything below ``kernels/csrc``). A glob that
+begins with ``!`` excludes what it matches: the orchestrator's own outputs (the results folder,
+the plan markdown, the changelog) are always excluded that way (`kdtree.orchestrator.plan.Plan.
+input_globs`), so that ``inputs = ["**"]`` is not made stale by its own run.
 """
 
 from __future__ import annotations
@@ -81,10 +84,22 @@ def candidate_files(root: Path, is_git: bool) -> list[str]:
     return sorted(found)
 
 
+def matcher(globs: list[str]):
+    """A predicate: is a path matched by one of ``globs`` and by none of its ``!`` globs?"""
+    take = [glob_regex(g) for g in globs if not g.startswith("!")]
+    drop = [glob_regex(g[1:]) for g in globs if g.startswith("!")]
+    return lambda path: any(r.match(path) for r in take) and not any(r.match(path) for r in drop)
+
+
 def match_inputs(files: list[str], globs: list[str]) -> list[str]:
-    """The files matched by any of ``globs``, sorted."""
-    regexes = [glob_regex(g) for g in globs]
-    return [f for f in files if any(r.match(f) for r in regexes)]
+    """The files matched by any of ``globs`` (less those its ``!`` globs match), in order."""
+    wanted = matcher(globs)
+    return [f for f in files if wanted(f)]
+
+
+def unmatched_globs(files: list[str], globs: list[str]) -> list[str]:
+    """The (non-``!``) globs that match none of ``files``."""
+    return [g for g in globs if not g.startswith("!") and not any(glob_regex(g).match(f) for f in files)]
 
 
 def hash_files(root: Path, paths: list[str]) -> str:
