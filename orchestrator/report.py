@@ -29,7 +29,7 @@ from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.reportchart import Chart, Point, RefLine, Series, render_svg
 from kdtree.orchestrator.specs import RunRecord
 from kdtree.orchestrator.state import PhaseStatus, plan_status
-from kdtree.orchestrator.store import ResultStore
+from kdtree.orchestrator.store import NewerRecord, ResultStore
 from kdtree.orchestrator.targets import fmt_number, target_text
 from kdtree.orchestrator.views import key_figure_text, targets_view, when
 
@@ -86,6 +86,7 @@ class PhaseView:
     partial: Optional[str]
     gates: list[GateView]
     targets_now: bool
+    unreadable: str = ""  # its records cannot be read here (a newer orchestrate wrote one)
 
 
 def _short(record: RunRecord) -> str:
@@ -198,7 +199,8 @@ def phase_view(st: PhaseStatus, records: list[RunRecord]) -> PhaseView:
     return PhaseView(id=st.phase.id, title=spec.title, objective=spec.objective, state=st.state.value,
                      run=_run_view(rec) if rec is not None else None, runs=len(records),
                      stale_reasons=list(st.stale_reasons), not_deciding=list(st.not_deciding),
-                     devices=devices, partial=partial, gates=gates, targets_now=targets_now)
+                     devices=devices, partial=partial, gates=gates, targets_now=targets_now,
+                     unreadable=st.unreadable)
 
 
 @dataclass
@@ -213,6 +215,16 @@ class Report:
         return sum(1 for p in self.phases for g in p.gates for c in g.charts if c.svg)
 
 
+def _readable_records(store: ResultStore, st: PhaseStatus) -> list[RunRecord]:
+    """The phase's records; none when a newer orchestrate wrote one (its status says so)."""
+    if st.unreadable:
+        return []
+    try:
+        return store.records(st.phase.id)
+    except NewerRecord:
+        return []
+
+
 def render_report(plan: Plan, now: Optional[datetime] = None) -> Report:
     """The report page for ``plan``, from its run records (``now``: the time it names)."""
     import jinja2  # noqa: PLC0415 - only this command pays for it
@@ -220,7 +232,7 @@ def render_report(plan: Plan, now: Optional[datetime] = None) -> Report:
 
     store = ResultStore(plan.results_path)
     statuses = plan_status(plan, store)
-    phases = [phase_view(st, store.records(st.phase.id)) for st in statuses]
+    phases = [phase_view(st, _readable_records(store, st)) for st in statuses]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     now = now or datetime.now(timezone.utc)

@@ -244,3 +244,20 @@ def test_report_renders_in_headless_chromium(failing_project, tmp_path):
     colors = {rgb for _, rgb in image.getcolors(maxcolors=1 << 20)}
     assert (0x00, 0x72, 0xb2) in colors  # the first device's points and trace
     assert (0xc0, 0x39, 0x2b) in colors  # the threshold line
+
+
+def test_report_names_a_phase_a_newer_orchestrate_wrote_and_shows_the_others(project, tmp_path):
+    project.cli("run", "p1")
+    project.cli("run", "p2")
+    path = project.records("p2")[0]
+    rec = json.loads(path.read_text())
+    rec["schema_version"] = 99
+    path.write_text(json.dumps(rec))
+    out = tmp_path / "r.html"
+    project.cli("report", "--out", str(out))
+    page = Page(out.read_text(encoding="utf-8"))
+    assert page.phases() == ["p1", "p2"]
+    html = out.read_text(encoding="utf-8")
+    p2 = html[html.index('id="phase-p2"'):]
+    assert "unreadable: " in p2 and "schema 99" in p2 and "upgrade" in p2
+    assert page.find("svg", "chart", phase="p1") and not page.find("svg", "chart", phase="p2")
