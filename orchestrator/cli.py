@@ -469,6 +469,21 @@ def plan(obj: Ctx, check: bool, wait_s: Optional[float], no_wait: bool) -> None:
     say(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
 
 
+@cli.command()
+@click.option("--out", "out", default=None, metavar="FILE",
+              help="Write the page here (default: report.html in the results folder).")
+@click.pass_obj
+def report(obj: Ctx, out: Optional[str]) -> None:
+    """Write the plan as one self-contained HTML page: phases, gates, figures against thresholds
+    and targets, and a chart of each key figure and target across the recorded runs."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from kdtree.orchestrator.report import shown_path, write_report  # noqa: PLC0415
+
+    path, page = write_report(obj.plan, Path(out).expanduser() if out else None)
+    say(f"wrote {shown_path(path)}: {len(page.phases)} phase(s), {page.charts} chart(s)")
+
+
 def _reopen_closed_streams() -> None:
     """A stream closed by the shell (``orchestrate status >&-``) is None in Python: write to
     /dev/null instead, so the command still does its work and exits with its own code."""

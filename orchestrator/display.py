@@ -52,8 +52,15 @@ def _own_stdout():
                      errors="replace", closefd=True)
 
 
+def listing_console():
+    """The console of the listings: rich's markup without importing rich (it starts fast)."""
+    from kdtree.orchestrator.markup import MarkupConsole  # noqa: PLC0415
+
+    return MarkupConsole()
+
+
 def _styled(word: str, width: int = 0) -> str:
-    from rich.markup import escape  # noqa: PLC0415
+    from kdtree.orchestrator.markup import escape  # noqa: PLC0415 - rich's grammar, without rich
 
     style = STYLE.get(word, "")
     padded = escape(word.ljust(width))
@@ -61,7 +68,7 @@ def _styled(word: str, width: int = 0) -> str:
 
 
 def _esc(text: str) -> str:
-    from rich.markup import escape  # noqa: PLC0415
+    from kdtree.orchestrator.markup import escape  # noqa: PLC0415 - rich's grammar, without rich
 
     return escape(text)
 
@@ -113,7 +120,7 @@ def _device_rows(out, st: PhaseStatus) -> None:
 
 def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> None:
     """The human `status` listing: one block per phase, one line per gate and target."""
-    out = console()
+    out = listing_console()
     out.print(f"[bold]plan {_esc(plan_id)}[/bold]  ({_esc(markdown)})")
     for st in statuses:
         spec, rec = st.phase.spec, st.record
@@ -138,7 +145,7 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
 
 def print_history(phase: str, records: list[RunRecord], spec: Optional[PhaseSpec] = None) -> None:
     """`history PHASE`: every run, oldest first, with its gates' key figures and targets."""
-    out = console()
+    out = listing_console()
     if not records:
         out.print(f"{_esc(phase)}: no runs recorded")
         return
