@@ -58,9 +58,12 @@ def engine_backend_name(backend: str) -> str:
     from kdtree.bench.decode_triton import BACKEND_NAME  # noqa: PLC0415
 
     names = {"kernel": "kernel", "triton": BACKEND_NAME, "sm120": SM120_BACKEND}
-    if backend not in names:
-        raise ValueError(f"unknown decode backend {backend!r}; known: {list(names)}")
-    return names[backend]
+    if backend in names:
+        return names[backend]
+    if backend in engine_backends.known_backends():  # e.g. torch / reference on the CPU, eager only
+        return backend
+    raise ValueError(f"unknown decode backend {backend!r}; known: {list(names)} or an engine backend "
+                     f"({engine_backends.known_backends()})")
 
 
 def graph_factory(backend: str, model) -> Optional[Callable[[Bucket], AttentionBackend]]:
@@ -104,6 +107,9 @@ def make_runner(arm: Arm, model, pool, draft_layers: Optional[int]) -> Runner:
         return Runner(model, pool, attention)
     if arm.mode != "graph":
         raise ValueError(f"unknown mode {arm.mode!r}; known: {list(MODES)}")
+    if model.device.type != "cuda":
+        raise ValueError(f"arm {arm.name}: CUDA graphs need a CUDA device, the model is on {model.device}; "
+                         "use the eager mode on the CPU")
     factory = graph_factory(arm.backend, model)
     graphs = VerifyGraphs(model, pool, backend_factory=factory)
     draft = DraftGraphs(model, pool, draft_layers, backend_factory=factory) if draft_layers else None

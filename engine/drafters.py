@@ -99,11 +99,17 @@ class SelfDraftDrafter(Drafter):
             pool.free([s for t in temp for s in t])
         return torch.stack(out, dim=1)
 
+    def passes(self, budget: int) -> int:
+        """Decode passes of the draft model per `propose` at this budget (0 below 2 nodes)."""
+        if budget < 2:
+            return 0
+        return max(1, min(self.max_depth, (budget - 1) // min(self.top_k, budget - 1)))
+
     def propose(self, requests, budget, runner):
         if budget < 2:
             return [TokenTree.single(r.pending) for r in requests]
         k = min(self.top_k, budget - 1)
-        depth = max(1, min(self.max_depth, (budget - 1) // k))
+        depth = self.passes(budget)
         top = self.depth_logprobs(requests, depth, runner).topk(k, dim=-1).indices.tolist()
         trees = []
         for r, per_depth in zip(requests, top):
@@ -121,10 +127,13 @@ class DDTreeDrafter(SelfDraftDrafter):
     def __init__(self, num_layers: Optional[int] = None, max_depth: int = 8):
         super().__init__(num_layers=num_layers, max_depth=max_depth)
 
+    def passes(self, budget: int) -> int:
+        return min(self.max_depth, budget - 1) if budget >= 2 else 0
+
     def propose(self, requests, budget, runner):
         if budget < 2:
             return [TokenTree.single(r.pending) for r in requests]
-        depth = min(self.max_depth, budget - 1)
+        depth = self.passes(budget)
         logprobs = self.depth_logprobs(requests, depth, runner)
         return [best_first_tree(r.pending, lp, budget) for r, lp in zip(requests, logprobs)]
 

@@ -182,6 +182,18 @@ def verify_body(model: "MLAModel", kv_caches: list[torch.Tensor], bucket: Bucket
         raise ValueError(f"mode must be 'verify' or 'decode', got {mode!r}")
     if mode == "decode" and bucket.tree != 1:
         raise ValueError(f"a decode bucket has one node per request, this one has {bucket.tree}")
+    ids, positions, slots32, meta = bucket_metadata(bucket, stage, kv_indices, mode)
+    # positions were checked on the host before the stage was written (VerifyGraphs.bucket, the
+    # gate's draws); passing the bucket's bound keeps the model from reading them back (a sync)
+    bound = min(bucket.context + bucket.tree, model.config.max_position_embeddings) - 1
+    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, num_layers=num_layers, max_position=bound))
+
+
+def bucket_metadata(bucket: Bucket, stage: torch.Tensor, kv_indices: torch.Tensor,
+                    mode: str = "verify") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The device-side conversion of a graph step: (input ids, positions, int32 out slots, the
+    attention metadata) from the staging vector, the tree slots scattered into ``kv_indices`` and
+    the packed ancestor mask built from parent rows. Host-side lengths are the bucket's bounds."""
     r, b = bucket.rows, bucket.batch
     fields = stage[: STAGE_FIELDS * r].view(STAGE_FIELDS, r)
     ids, positions, slots, parent_row, node, kv_pos = fields.unbind(0)
@@ -192,10 +204,7 @@ def verify_body(model: "MLAModel", kv_caches: list[torch.Tensor], bucket: Bucket
     mask = tree_mask_from_parent_rows(parent_row, node, bucket.mask_words, doubling_rounds(bucket.tree))
     meta = AttentionMetadata(mode, qo_indptr, kv_indptr, kv_indices, mask,
                              qo_lens=[bucket.tree] * b, kv_lens=[bucket.context + bucket.tree] * b)
-    # positions were checked on the host before the stage was written (VerifyGraphs.bucket, the
-    # gate's draws); passing the bucket's bound keeps the model from reading them back (a sync)
-    bound = min(bucket.context + bucket.tree, model.config.max_position_embeddings) - 1
-    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, num_layers=num_layers, max_position=bound))
+    return ids, positions, slots32, meta
 
 
 def stage_values(bucket: Bucket, prefix_lens: Sequence[int], trees: Sequence["TokenTree"],
