@@ -336,8 +336,10 @@ def progress_units(config: DecodeConfig) -> int:
     return per_context * len(config.contexts)
 
 
-def run_decode(config: DecodeConfig, model=None, progress: ProgressFn = lambda label: None) -> dict[str, Any]:
-    """The benchmark (module docstring): the record, every round kept."""
+def run_decode(config: DecodeConfig, model=None, progress: ProgressFn = lambda label: None,
+               on_context: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+    """The benchmark (module docstring): the record, every round kept. ``on_context(record)`` is
+    called with the record so far after each context (e.g. to save it before a longer one)."""
     from kdtree.engine import build_model, preset  # noqa: PLC0415
 
     if model is None:
@@ -350,14 +352,17 @@ def run_decode(config: DecodeConfig, model=None, progress: ProgressFn = lambda l
                              f"{config.budget} nodes passes the model's {limit} positions; use a shorter context")
     deadline = time.monotonic() + config.time_budget_s if config.time_budget_s else None
     started = time.time()
-    contexts = []
+    record = {"config": {**asdict(config), "arms": [a.name for a in config.arms]},
+              "device": _device_name(model.device), "model": model.config.model_dump(),
+              "started": started, "elapsed_s": 0.0, "contexts": []}
     for k, (context, batch) in enumerate(zip(config.contexts, config.batches)):
-        contexts.append(run_context(model, context, batch, config, config.seed + k, progress, deadline))
+        record["contexts"].append(run_context(model, context, batch, config, config.seed + k, progress, deadline))
+        record["elapsed_s"] = time.time() - started
         if model.device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"config": {**asdict(config), "arms": [a.name for a in config.arms]},
-            "device": _device_name(model.device), "model": model.config.model_dump(),
-            "started": started, "elapsed_s": time.time() - started, "contexts": contexts}
+        if on_context is not None:
+            on_context(record)
+    return record
 
 
 def _device_name(device: torch.device) -> str:

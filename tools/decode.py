@@ -142,15 +142,19 @@ def command(**options) -> int:
     if config.baseline not in config.backends:
         raise UsageError(f"--baseline {config.baseline!r} is not one of the backends run ({list(config.backends)})")
     advance, close = _progress_bar(progress_units(config), not args.no_progress)
+    command_line = "python -m kdtree.tools.decode " + " ".join(cli.invoked_argv())
+
+    def save(partial: dict) -> None:  # after each context: a later one cut short keeps the earlier ones
+        if args.json_path:
+            _write_atomic(args.json_path, json.dumps({**partial, "command": command_line}, indent=1).encode())
+
     try:
-        record = run_decode(config, progress=advance)
+        record = run_decode(config, progress=advance, on_context=save)
     except ValueError as err:
         raise UsageError(str(err)) from err
     finally:
         close()
-    record["command"] = "python -m kdtree.tools.decode " + " ".join(cli.invoked_argv())
-    if args.json_path:
-        _write_atomic(args.json_path, json.dumps(record, indent=1).encode())
+    record["command"] = command_line
     print(decode_table(record))
     if args.plot_path:
         _save_plot(record, args.plot_path)

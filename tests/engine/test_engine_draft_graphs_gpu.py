@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from kdtree.engine import build_model, generate, preset
+from kdtree.engine.api import decode_loop
 from kdtree.engine.backends import get_backend
+from kdtree.engine.drafters import get_drafter
 from kdtree.engine.draft_graphs import DraftGraphs
 from kdtree.engine.kv_pool import KVPool
 from kdtree.engine.speculative import Request, Runner
@@ -70,15 +72,11 @@ def test_sglang_triton_backend_replays_both_halves(model):
     pool = KVPool(model.config.num_layers, 4096, dtype=model.dtype, device="cuda")
     runner = make_runner(Arm("triton", "graph"), model, pool, draft_layers=2)
     eager = make_runner(Arm("triton", "eager"), model, pool, draft_layers=None)
-    from kdtree.engine.drafters import get_drafter
-
     spec = get_drafter("ddtree")
     out = {}
     for name, r in (("eager", eager), ("graph", runner)):
-        requests = [Request(10 + len(out), p, 12) for p in prompts()]
+        requests = [Request(10 * (len(out) + 1) + i, p, 12) for i, p in enumerate(prompts())]
         r.prefill(requests)
-        from kdtree.engine.api import decode_loop
-
         decode_loop(r, requests, spec, 16)
         out[name] = [q.output for q in requests]
     assert out["graph"] == out["eager"]
