@@ -258,6 +258,7 @@ def step_breakdown(session: DecodeSession, arm: Arm, step_ms: float, repeats: in
     out["step_ms"] = step_ms
     out["host_exposed_ms"] = max(0.0, step_ms - out["gpu_ms_per_step"])
     out["draft_passes"] = passes
+    out["timer_overruns"] = getattr(timer, "overruns", 0)  # calls whose host time outran the lead
     return out
 
 

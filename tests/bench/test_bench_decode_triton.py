@@ -265,3 +265,30 @@ def test_sglang_kernels_eager_and_captured_match_the_oracle():
         graph.replay()
         want = get_backend("reference").forward(q, kv, meta, 0.05).float()
         assert (out.float() - want).norm() / want.norm() < 1e-2, f"{mode} replay"
+
+
+def test_both_sglang_kernels_load_from_a_trimmed_copy(tmp_path, monkeypatch):
+    """The decode kernel loads the way the extend kernel does (`load_kernels`): a copy of the
+    wheel's kernel files without package __init__s, its platform predicates from our shim."""
+    import sys
+
+    from kdtree.bench.decode_triton import load_kernels
+
+    attention = tmp_path / "sglang" / "kernels" / "ops" / "attention"
+    attention.mkdir(parents=True)
+    (attention / "extend_attention.py").write_text("def extend_attention_fwd():\n    return 'extend'\n")
+    (attention / "score_mod.py").write_text("def unpack_aux_tensors(*a):\n    return None\n")
+    (attention / "decode_attention.py").write_text(
+        "from sglang.kernels.ops.attention.score_mod import unpack_aux_tensors\n"
+        "from sglang.srt.environ import envs\n"
+        "from sglang.srt.utils import get_device_core_count, is_gfx95_supported, is_gfx1250_supported, is_hip\n"
+        "def decode_attention_fwd():\n    return ('decode', envs, is_hip())\n")
+    (tmp_path / "sglang" / "srt").mkdir()
+    (tmp_path / "sglang" / "srt" / "environ.py").write_text("envs = 'environ'\n")
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extend, decode, how = load_kernels()
+    assert extend() == "extend" and decode() == ("decode", "environ", False)
+    assert "package __init__s skipped" in how
+    assert not [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]
