@@ -276,7 +276,8 @@ def test_both_sglang_kernels_load_from_a_trimmed_copy(tmp_path, monkeypatch):
 
     attention = tmp_path / "sglang" / "kernels" / "ops" / "attention"
     attention.mkdir(parents=True)
-    (attention / "extend_attention.py").write_text("def extend_attention_fwd():\n    return 'extend'\n")
+    (attention / "extend_attention.py").write_text("from sglang.srt.utils import is_cuda\n"
+                                                   "def extend_attention_fwd():\n    return 'extend'\n")
     (attention / "score_mod.py").write_text("def unpack_aux_tensors(*a):\n    return None\n")
     (attention / "decode_attention.py").write_text(
         "from sglang.kernels.ops.attention.score_mod import unpack_aux_tensors\n"
