@@ -75,7 +75,7 @@ class DecodeConfig:
             raise ValueError(f"batches: need one batch size >= 1 per context (or one for all), got {list(batches)} "
                              f"for {len(self.contexts)} contexts")
         self.batches = batches
-        for name, value, low in (("budget", self.budget, 1), ("new_tokens", self.new_tokens, 1),
+        for name, value, low in (("budget", self.budget, 1), ("new_tokens", self.new_tokens, 2),  # the first comes from prefill
                                  ("rounds", self.rounds, 1)):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -149,6 +149,8 @@ class DecodeSession:
         """Decode every request to `new_tokens` on `arm` from the start state; its round's figures."""
         self.reset()
         runner = self.runners[arm.name]
+        for r in self.requests:  # the runner's device copy of each prefix, cut back by the reset, outside the clock
+            runner.prefix(r.rid)
         step_s: list[float] = []
         last = [0.0]
 

@@ -104,6 +104,8 @@ def test_bad_configs_say_what_is_wrong(tiny_model):
         cpu_config(batches=(1, 2, 3))
     with pytest.raises(ValueError, match="rounds must be an int >= 1"):
         cpu_config(rounds=0)
+    with pytest.raises(ValueError, match="new_tokens must be an int >= 2"):
+        cpu_config(new_tokens=1)
     with pytest.raises(ValueError, match="modes"):
         cpu_config(modes=("fast",))
     with pytest.raises(ValueError, match="positions"):
