@@ -8,7 +8,7 @@
 #   `python -m kdtree.tools.decode --from-json decode.json --plot decode.png`), decode.log, gpu-tests.xml.
 #   bash scripts/device-decode.sh          carry .whl and .peers-carry (its sglang-kernels.zip holds
 #                                          SGLang's extend_attention.py and decode_attention.py)
-# DECODE_BUDGET_S (default 420): no round starts past it; DECODE_ARGS: more options for the tool.
+# DECODE_BUDGET_S (default 380): no round starts past it; DECODE_ARGS: more options for the tool.
 set -u
 source "$(dirname "$0")/device-env.sh"
 LOG="$OUT/decode.log"
@@ -25,7 +25,7 @@ python3 -c "from kdtree.bench.decode_triton import load_kernels; print('SGLang k
   | tail -1 | tee -a "$LOG"
 python3 -c "import matplotlib; print('matplotlib', matplotlib.__version__)" 2>&1 | tail -1 | tee -a "$LOG"
 
-budget=${DECODE_BUDGET_S:-420}
+budget=${DECODE_BUDGET_S:-380}
 timeout $((budget + 90)) python3 -m kdtree.tools.decode --context 32k --context 128k --batch 2 --batch 1 \
   --rounds 5 --new-tokens 64 --budget 64 --drafter ddtree --time-budget "$budget" --no-progress \
   --json "$OUT/decode.json" --plot "$OUT/decode.png" ${DECODE_ARGS:-} > "$OUT/decode-table.txt" 2>> "$LOG"
