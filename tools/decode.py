@@ -15,9 +15,7 @@ step, time per step and its breakdown (`kdtree.bench.decode`).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,19 +41,6 @@ def context_length(text: str) -> int:
 CONTEXT = cli.Parsed(context_length, "length")
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _progress_bar(total: int, enabled: bool):
     """(advance(label), close()) over a rich progress bar on stderr; no-ops when disabled."""
     if not enabled:
@@ -71,18 +56,13 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def _save_plot(record: dict, path: str) -> None:
-    from kdtree.bench.decode_report import decode_figure  # noqa: PLC0415
+    from kdtree.bench.decode_report import save_plot  # noqa: PLC0415
 
     try:
-        fig = decode_figure(record)
+        save_plot(record, path)
     except ImportError as err:
         raise MachineError(f"--plot needs matplotlib ({err}); install the gpu or test extra, or render the plot "
                            "elsewhere with --from-json") from err
-    import io  # noqa: PLC0415
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    _write_atomic(path, buf.getvalue())
 
 
 @click.command(context_settings=cli.CONTEXT, help=__doc__.split("\n")[0])
@@ -110,7 +90,7 @@ def _save_plot(record: dict, path: str) -> None:
 @common_options
 def command(**options) -> int:
     args = SimpleNamespace(**options)
-    from kdtree.bench.decode_report import decode_table  # noqa: PLC0415
+    from kdtree.bench.decode_report import decode_table, write_atomic  # noqa: PLC0415
 
     if args.from_json:
         try:
@@ -146,7 +126,7 @@ def command(**options) -> int:
 
     def save(partial: dict) -> None:  # after each context: a later one cut short keeps the earlier ones
         if args.json_path:
-            _write_atomic(args.json_path, json.dumps({**partial, "command": command_line}, indent=1).encode())
+            write_atomic(args.json_path, json.dumps({**partial, "command": command_line}, indent=1).encode())
 
     try:
         record = run_decode(config, progress=advance, on_context=save)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 from typing import Any, Optional
 
 import torch
@@ -429,5 +430,21 @@ def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     record = run_decode(config, model=model, progress=lambda label: ctx.progress(f"decode: {label}", None))
     figures, extra = _decode_figures(record, cand, base, sm120_name, tuple(modes))
     details = {"drafter": drafter, "budget": budget, "new_tokens": new_tokens, "preset": preset_name,
-               "rounds": rounds, **extra, "table": decode_table(record), "decode": record}
+               "rounds": rounds, **extra, "table": decode_table(record), "decode": record,
+               "plot": _decode_plot(record, ctx)}
     return check_metric(spec, figures, ctx, details=details)
+
+
+def _decode_plot(record: dict[str, Any], ctx: GateContext) -> str:
+    """The PNG of tokens/s against context per arm, written into the phase's results folder when the
+    run has one (its name, relative to that folder), or why it was not drawn."""
+    from kdtree.bench.decode_report import save_plot  # noqa: PLC0415
+
+    if ctx.artifacts_dir is None:
+        return "not drawn: the run has no results folder"
+    name = time.strftime("decode-%Y%m%dT%H%M%SZ.png", time.gmtime(record["started"]))
+    try:
+        save_plot(record, ctx.artifacts_dir / name)
+    except ImportError as err:
+        return f"not drawn: matplotlib is not importable here ({err}); python -m kdtree.tools.decode --from-json renders it"
+    return name

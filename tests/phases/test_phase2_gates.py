@@ -198,14 +198,14 @@ class Sm120StandIn(TorchBackend):
 register_backend("test-sm120", Sm120StandIn)
 
 
-def _decode(backends, bound=1e-3, sm120=None, rounds=2, breakdown=False, min_rounds=2):
+def _decode(backends, bound=1e-3, sm120=None, rounds=2, breakdown=False, min_rounds=2, ctx=CTX):
     spec = _spec("decode_speedup", thresholds=[
         Threshold(figure="decode_speedup_48", op=">=", value=bound, unit="x"),
         Threshold(figure="same_tokens", op="==", value=1.0),
         Threshold(figure="rounds_per_arm", op=">=", value=min_rounds)])
     return run_check(spec, lambda s, c: phase2_checks.check_decode_speedup(
         s, c, preset_name="tiny", runs=((48, 2),), new_tokens=4, device="cpu", backends=backends,
-        drafter="ddtree", budget=8, sm120=sm120, rounds=rounds, modes=("eager",), breakdown=breakdown), CTX)
+        drafter="ddtree", budget=8, sm120=sm120, rounds=rounds, modes=("eager",), breakdown=breakdown), ctx)
 
 
 def test_decode_gate_holds_enough_data_and_the_issue_targets():
@@ -221,8 +221,9 @@ def test_decode_gate_holds_enough_data_and_the_issue_targets():
 
 
 @pytest.mark.slow
-def test_decode_speedup_reports_the_sm120_path_and_keeps_every_round():
-    result = _decode(("torch", "reference"), sm120="test-sm120", breakdown=True)
+def test_decode_speedup_reports_the_sm120_path_and_keeps_every_round(tmp_path):
+    result = _decode(("torch", "reference"), sm120="test-sm120", breakdown=True,
+                     ctx=GateContext(device="cpu", artifacts_dir=tmp_path))
     assert result.outcome is Outcome.PASSED, result.summary
     assert result.details["decode"]["contexts"][0]["same_tokens"]
     figs = {f.name: f for f in result.figures}
@@ -237,6 +238,8 @@ def test_decode_speedup_reports_the_sm120_path_and_keeps_every_round():
     assert {"attention_gpu_ms", "rest_gpu_ms", "drafting_gpu_ms", "conversion_gpu_ms", "host_exposed_ms"} <= set(parts)
     assert figs["accepted_per_step_torch_48"].value >= 1.0
     assert "torch-eager" in result.details["table"]
+    plot = tmp_path / result.details["plot"]  # the PNG lands in the phase's results folder
+    assert plot.name.startswith("decode-") and plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 @pytest.mark.slow
