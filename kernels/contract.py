@@ -9,10 +9,11 @@ inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, NoReturn, Optional
 
 import torch
+
+from kdtree import envvars
 
 LATENT_DIM = 512
 ROPE_DIM = 64
@@ -22,7 +23,7 @@ MAX_TREE_NODES = 1024
 _INDEX_DTYPES = (torch.int32,)
 _LSE_DTYPES = (torch.float32,)
 
-_debug = os.environ.get("KDTREE_DEBUG", "") not in ("", "0")
+_debug = envvars.KDTREE_DEBUG.is_on()
 
 
 def set_debug(enabled: bool) -> None:

@@ -13,13 +13,12 @@ Works without torch or a GPU (it says so). Exit status 0; 2 for a configuration 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import click
 
-from kdtree import __version__, cuda_toolkit
+from kdtree import __version__, cuda_toolkit, envvars
 from kdtree.cli_support import UsageError, common_options, run
 from kdtree.kernels import jit
 
@@ -103,7 +102,7 @@ def plugin_info() -> PluginInfo:
         sglang_version = None
     return PluginInfo(entry_point=f"{entry.name} = {entry.value}" if entry else None,
                       sglang_version=sglang_version,
-                      disabled_by_env=os.environ.get("KDTREE_SGLANG", "1") == "0")
+                      disabled_by_env=envvars.KDTREE_SGLANG.is_off())
 
 
 def _toolkit_lines() -> list[str]:
@@ -125,8 +124,8 @@ def _arch_lines() -> list[str]:
 
 def _cache_lines() -> list[str]:
     root = jit.cache_root()
-    source = ("KDTREE_CACHE_DIR" if os.environ.get("KDTREE_CACHE_DIR")
-              else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "default")
+    source = ("KDTREE_CACHE_DIR" if envvars.KDTREE_CACHE_DIR.get()
+              else "XDG_CACHE_HOME" if envvars.XDG_CACHE_HOME.get() else "default")
     builds = jit.cached_builds(root)
     return [f"cache: {root} ({source}; {len(builds)} build(s) in it; "
             "python -m kdtree.kernels.build --clear-cache empties it)"]

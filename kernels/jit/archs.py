@@ -17,11 +17,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from kdtree import envvars
 from kdtree.kernels.jit.toolchain import JitError
 
 MIN_CAPABILITY = (8, 0)
 SM90A = "sm_90a"
-ARCH_VARIABLES = ("KDTREE_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST")
+ARCH_VARIABLES = (envvars.KDTREE_CUDA_ARCHS.name, envvars.TORCH_CUDA_ARCH_LIST.name)
 _ARCH_FORM = re.compile(r"\d{2,3}[af]?")
 
 

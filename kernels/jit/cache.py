@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from kdtree import envvars
 from kdtree.kernels.jit.toolchain import JitError
 
 log = logging.getLogger("kdtree.kernels.jit")
@@ -41,10 +42,10 @@ def announce(message: str, *args: object) -> None:
 def cache_root() -> Path:
     """Where builds are cached: $KDTREE_CACHE_DIR, else $XDG_CACHE_HOME/kdtree-engine/jit, else
     ~/.cache/kdtree-engine/jit."""
-    explicit = os.environ.get("KDTREE_CACHE_DIR")
+    explicit = envvars.KDTREE_CACHE_DIR.get()
     if explicit:
         return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = envvars.XDG_CACHE_HOME.get()
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "kdtree-engine" / "jit"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
-from kdtree import cuda_toolkit
+from kdtree import cuda_toolkit, envvars
 from kdtree.kernels.jit import cache, toolchain
 from kdtree.kernels.jit.archs import (arch_defines, check_supported, extension_archs, gencode, normalize_arch,
                                       ptx_arch, requested)
@@ -36,7 +36,7 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr")
 
 def extra_flags() -> tuple[str, ...]:
     """Experiment flags from $KDTREE_NVCC_FLAGS (e.g. -DKD_SKIP=1); part of the cache key."""
-    return tuple(os.environ.get("KDTREE_NVCC_FLAGS", "").split())
+    return tuple((envvars.KDTREE_NVCC_FLAGS.get() or "").split())
 
 
 def source_hash() -> str:

@@ -12,7 +12,7 @@ import sysconfig
 from pathlib import Path
 from typing import Optional, Sequence
 
-from kdtree import cuda_toolkit
+from kdtree import cuda_toolkit, envvars
 
 
 class JitError(RuntimeError):
@@ -52,9 +52,9 @@ def host_compiler(extra: Sequence[str] = ()) -> str:
             return extra[i + 1]
         if flag.startswith(("-ccbin=", "--compiler-bindir=")):
             return flag.split("=", 1)[1]
-    for variable in ("NVCC_CCBIN", "CUDAHOSTCXX"):
-        if os.environ.get(variable):
-            return os.environ[variable]
+    chosen = envvars.NVCC_CCBIN.get() or os.environ.get("CUDAHOSTCXX")
+    if chosen:
+        return chosen
     return shutil.which("g++") or shutil.which("c++") or "g++"
 
 

@@ -23,7 +23,7 @@ from kdtree.kernels.reference import tree_verify_mla_reference
 def _backend(fixture, **runner_kw):
     cls = make_backend_class(fake_sglang.TritonAttnBackend)
     backend = cls(fake_sglang.runner_for(fixture, **runner_kw))
-    backend.verify_op = staticmethod(tree_verify_mla_reference)
+    backend.launch_op = fake_sglang.RecordingLaunch()
     return backend
 
 
@@ -172,7 +172,7 @@ def test_a_broken_kernel_is_caught_by_these_checks():
         return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
 
     backend = _backend(fx)
-    backend.verify_op = staticmethod(leaky)
+    backend.launch_op = fake_sglang.RecordingLaunch(leaky)
     batch = fake_sglang.batch_for(fx)
     backend.init_forward_metadata(batch)
     out = backend.forward_extend(fx["q"], fx["k_extend"], fx["v_extend"], fake_sglang.mla_layer(2), batch)
