@@ -169,7 +169,7 @@ def test_a_broken_kernel_is_caught_by_these_checks():
     fx = make_verify_batch(2, [30], 12, seed=9)
 
     def leaky(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
+        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0xFFF, scale, out=out, lse=lse)  # every node of 12
 
     backend = _backend(fx)
     backend.launch_op = fake_sglang.RecordingLaunch(leaky)
