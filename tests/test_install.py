@@ -81,7 +81,7 @@ def test_license_is_an_spdx_expression_with_its_text():
 
 
 def _package_folders() -> dict[str, Path]:
-    """Every folder setuptools would ship from the mapped roots: Python packages and data folders."""
+    """Every Python package under the mapped roots (a folder with an ``__init__.py``)."""
     mapped = PYPROJECT["tool"]["setuptools"]["package-dir"]
     roots = {name: ROOT / folder for name, folder in mapped.items() if "." not in name.removeprefix("kdtree.")}
     found = {}
@@ -90,7 +90,7 @@ def _package_folders() -> dict[str, Path]:
             rel = sub.relative_to(folder).parts
             if "__pycache__" in rel or any(part.startswith(".") for part in rel):
                 continue
-            if any(f.is_file() and f.suffix != ".pyc" for f in sub.iterdir()):
+            if (sub / "__init__.py").is_file():
                 found[".".join((name, *rel))] = sub
     return found
 
