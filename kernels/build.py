@@ -80,7 +80,7 @@ def _arch(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
     try:
         return tuple(check_supported(v) for v in values)
     except ValueError as exc:
-        raise UsageError(f"--arch {exc}") from None
+        raise UsageError(f"Invalid value for '--arch': {exc}") from None
 
 
 def _report(arch: str, sass: bool) -> bool:

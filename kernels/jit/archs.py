@@ -30,7 +30,7 @@ def normalize_arch(arch: str) -> str:
     """'sm_90', '90', '9.0' -> 'sm_90'; 'sm_90a', '9.0a' -> 'sm_90a'. ValueError for anything else."""
     a = str(arch).strip().lower().replace("sm_", "").replace("compute_", "").replace(".", "")
     if not _ARCH_FORM.fullmatch(a):
-        raise ValueError(f"arch {arch!r}: expected something like sm_90a, sm_120 or 9.0")
+        raise ValueError(f"arch {arch!r}: expected something like sm_90 or sm_120")
     return f"sm_{a}"
 
 

@@ -141,13 +141,13 @@ def test_an_arch_this_nvcc_cannot_compile_is_named_before_the_build(monkeypatch)
 
 
 @pytest.mark.parametrize("arch,why", [("sm_75", "sm_75: the kernel needs sm_80 or newer"),
-                                      ("hopper", "expected something like sm_90a")])
+                                      ("hopper", "arch 'hopper': expected something like sm_90 or sm_120")])
 def test_a_bad_arch_on_the_command_line_is_one_line(arch, why):
     for args in (["--arch", arch], ["--extension", "--arch", arch]):
         result = CliRunner().invoke(build_cli.main, args)
         assert result.exit_code == 2
         (line,) = result.output.strip().splitlines()
-        assert line.startswith("Error: --arch ") and why in line
+        assert line.startswith("Error: Invalid value for '--arch': ") and why in line
 
 
 def test_the_cache_key_holds_the_host_compiler_and_pybind11(monkeypatch):
