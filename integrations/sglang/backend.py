@@ -78,6 +78,7 @@ class KdtreeVerifyMixin:
         self._kd_graph_bs: Optional[int] = None  # set while the metadata is a graph batch's
         self._kd_graph_context = 0  # max_context_len the graph converter is sized for
         self._kd_plans: dict[tuple[int, int], Any] = {}  # (bs, heads) -> the bucket's LaunchPlan
+        self._kd_eager: Optional[tuple] = None  # (shapes and device, LaunchPlan) of the last eager batch
         self.kd_unservable = _unservable_backend(self)
         self.kd_last_route: tuple[str, str] = ("none", "no call yet")
         self._kd_verify_skip: Optional[str] = None  # why the last target-verify batch was not converted
@@ -184,11 +185,16 @@ class KdtreeVerifyMixin:
         return self._kd_plans[key]
 
     def kd_eager_plan(self, meta, heads: int, device):
-        """The `LaunchPlan` of an eager batch: `kdtree.kernels.plan` of the shapes the launch gets."""
-        from kdtree.kernels import plan  # noqa: PLC0415
+        """The `LaunchPlan` of an eager batch: `kdtree.kernels.plan` of the shapes the launch gets,
+        made once per batch shape (every layer of a step has the same)."""
+        shapes = (meta.tree_mask.shape[0], heads, meta.qo_indptr.numel() - 1, meta.tree_mask.shape[1],
+                  meta.kv_indices.numel())
+        key = (shapes, str(device))
+        if self._kd_eager is None or self._kd_eager[0] != key:
+            from kdtree.kernels import plan  # noqa: PLC0415
 
-        return plan(meta.tree_mask.shape[0], heads, meta.qo_indptr.numel() - 1, meta.tree_mask.shape[1],
-                    meta.kv_indices.numel(), self._kd_plan_device(device))
+            self._kd_eager = (key, plan(*shapes, self._kd_plan_device(device)))
+        return self._kd_eager[1]
 
     # -- attention -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
