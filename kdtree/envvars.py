@@ -40,7 +40,7 @@ class EnvVar:
 
 
 KDTREE_CUDA_ARCHS = EnvVar(
-    "KDTREE_CUDA_ARCHS", "the archs the extension is built for, in PyTorch's form (`9.0;12.0`); archs below 8.0 "
+    "KDTREE_CUDA_ARCHS", "the archs the extension is built for, in PyTorch's form (`9.0;12.0`); archs below 9.0 "
     "are dropped with a line saying so, 9.0 is built as sm_90a; wins over `TORCH_CUDA_ARCH_LIST`",
     "the GPU in use", "kdtree.kernels.jit")
 TORCH_CUDA_ARCH_LIST = EnvVar(

@@ -19,7 +19,7 @@ sees, with ``--arch`` for GPUs of those archs (``sm_90`` and ``sm_90a`` both mea
 which loads the sm_90a build). With $KDTREE_CUDA_ARCHS or $TORCH_CUDA_ARCH_LIST set, that is
 one extension for the archs it names, built without looking for a GPU (image and wheel builds
 run on machines without one). Run it once after installing so the first call of a server does
-not wait for nvcc. The kernel needs sm_80 or newer: a lower ``--arch`` is refused, and archs
+not wait for nvcc. The kernel needs sm_90 or newer: a lower ``--arch`` is refused, and archs
 below it in an inherited variable are dropped with a line saying so.
 
 Needs nvcc (and pybind11 for ``--extension``), not torch. Exit status 1 when a compile fails, 2

@@ -6,7 +6,7 @@ The extension is compiled with nvcc on first use into `cache_root()` ``/<key>/``
 under a file lock, so concurrent processes never see half a build.
 
 - `archs`: which archs (``$KDTREE_CUDA_ARCHS``, ``$TORCH_CUDA_ARCH_LIST`` or the device in use;
-  sm_80 and newer, 9.0 as sm_90a), and CUDA's rules for what runs where;
+  sm_90 and newer, 9.0 as sm_90a), and CUDA's rules for what runs where;
 - `toolchain`: nvcc, the host compiler, pybind11 and Python's headers;
 - `cache`: the cache folder, one build under a lock with its log lines, clearing it;
 - `extension`: the extension's command, key, build and import;

@@ -1,8 +1,9 @@
 """Which archs an extension is built for, and which the kernel supports.
 
-The kernel needs compute capability 8.0 or newer (bf16 ``mma.sync``, ``cp.async``): an arch below
-it is refused by name (`check_supported`) or, in an inherited list, dropped with the reason
-(`requested`). A 9.0 GPU always runs ``sm_90a`` (`arch_for_capability`), the target that holds the
+The kernel builds for compute capability 9.0 or newer (its KV loads use the bulk copy engine,
+``cp.async.bulk`` with ``mbarrier``; sm_120 has them, sm_80-sm_89 do not, and nvcc refuses the
+sources there): an arch below it is refused by name (`check_supported`) or, in an inherited list,
+dropped with the reason (`requested`). A 9.0 GPU always runs ``sm_90a`` (`arch_for_capability`), the target that holds the
 wgmma variant (``-DKDTREE_SM90A=1``, `arch_defines`). Every extension carries the PTX of its
 newest arch (`ptx_arch`), so a newer GPU of the family compiles it at load time.
 
@@ -20,7 +21,7 @@ from typing import Optional, Sequence
 from kdtree import envvars
 from kdtree.kernels.jit.toolchain import JitError
 
-MIN_CAPABILITY = (8, 0)
+MIN_CAPABILITY = (9, 0)
 SM90A = "sm_90a"
 ARCH_VARIABLES = (envvars.KDTREE_CUDA_ARCHS.name, envvars.TORCH_CUDA_ARCH_LIST.name)
 _ARCH_FORM = re.compile(r"\d{2,3}[af]?")
@@ -48,7 +49,7 @@ def capability_of(arch: str) -> tuple[int, int]:
 def unsupported_reason(arch: str) -> Optional[str]:
     """Why the kernel cannot be built for `arch` (None: it can)."""
     if capability_of(arch) < MIN_CAPABILITY:
-        return "the kernel needs sm_80 or newer (bf16 mma.sync and cp.async)"
+        return "the kernel needs sm_90 or newer (its KV loads use cp.async.bulk and mbarrier, which sm_80-sm_89 lack)"
     return None
 
 
@@ -99,7 +100,7 @@ class ArchRequest:
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (item as written, why)
 
     def describe(self) -> str:
-        """``sm_80, sm_90a (from TORCH_CUDA_ARCH_LIST; dropped 7.5: <why>)``."""
+        """``sm_90a, sm_120 (from TORCH_CUDA_ARCH_LIST; dropped 8.6: <why>)``."""
         note = "".join(f"; dropped {item}: {why}" for item, why in self.dropped)
         return f"{', '.join(self.archs)} (from {self.variable}{note})"
 
@@ -110,7 +111,7 @@ def requested() -> Optional[ArchRequest]:
     Both take PyTorch's form: capabilities separated by ``;``, ``,`` or spaces (``9.0;12.0``,
     ``8.0 9.0+PTX``; ``sm_120`` is accepted too). Each names the GPUs to serve, so 9.0 becomes
     sm_90a. ``+PTX`` is accepted and changes nothing (every extension carries the PTX of its
-    newest arch). Archs below sm_80 are dropped (`ArchRequest.dropped` says so); a list that
+    newest arch). Archs below sm_90 are dropped (`ArchRequest.dropped` says so); a list that
     names none the kernel supports, or something that is not a capability, is a JitError."""
     for variable in ARCH_VARIABLES:
         text = os.environ.get(variable, "").strip()

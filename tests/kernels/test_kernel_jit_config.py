@@ -34,7 +34,7 @@ def test_without_a_variable_each_device_gets_its_own_arch():
 
 @pytest.mark.parametrize("text,archs", [
     ("9.0;12.0", ["sm_90a", "sm_120"]),
-    ("8.0 8.6 9.0+PTX", ["sm_80", "sm_86", "sm_90a"]),
+    ("10.0 12.0 9.0+PTX", ["sm_100", "sm_120", "sm_90a"]),
     ("sm_120,9.0a", ["sm_120", "sm_90a"]),
     ("9.0; sm_90 ;9.0a", ["sm_90a"]),  # every spelling of 9.0 is the build a 9.0 GPU runs
 ])
@@ -86,10 +86,10 @@ def test_the_extension_carries_the_ptx_of_its_newest_arch_only(monkeypatch, tmp_
         return tmp_path / filename
 
     _capture_builds(monkeypatch, capture)
-    jit.build_extension(["sm_90a", "sm_120", "sm_80"])
+    jit.build_extension(["sm_90a", "sm_120", "sm_100"])
     codes = [flag for flag in commands[0] if flag.startswith("-gencode")]
     assert codes == ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120,code=sm_120",
-                     "-gencode=arch=compute_120,code=compute_120", "-gencode=arch=compute_80,code=sm_80"]
+                     "-gencode=arch=compute_120,code=compute_120", "-gencode=arch=compute_100,code=sm_100"]
     assert "-DKDTREE_SM90A=1" in commands[0]
 
 
@@ -113,34 +113,35 @@ def test_nvcc_compiles_the_archs_in_parallel_one_thread_per_target_at_most_one_p
 # --- which archs: inherited lists, --arch, what nvcc knows ---------------------------------------
 
 def test_an_inherited_list_builds_only_the_supported_archs_and_says_what_it_dropped(monkeypatch):
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;9.0")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;9.0;12.0")
     req = jit.requested()
-    assert req.archs == ["sm_80", "sm_86", "sm_90a"]
-    assert [item for item, _ in req.dropped] == ["7.5"] and "sm_80 or newer" in req.dropped[0][1]
-    assert req.describe().startswith("sm_80, sm_86, sm_90a (from TORCH_CUDA_ARCH_LIST; dropped 7.5: ")
-    assert jit.extension_archs((9, 0)) == ["sm_80", "sm_86", "sm_90a"]
+    assert req.archs == ["sm_90a", "sm_120"]
+    assert [item for item, _ in req.dropped] == ["7.5", "8.0", "8.6"] and "sm_90 or newer" in req.dropped[0][1]
+    assert req.describe().startswith("sm_90a, sm_120 (from TORCH_CUDA_ARCH_LIST; dropped 7.5: the kernel needs sm_90")
+    assert jit.extension_archs((9, 0)) == ["sm_90a", "sm_120"]
 
 
 def test_a_list_of_only_old_archs_is_refused_saying_why(monkeypatch):
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.0;7.5")
-    with pytest.raises(jit.JitError, match=r"names no arch the kernel supports \(the kernel needs sm_80"):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6")
+    with pytest.raises(jit.JitError, match=r"names no arch the kernel supports \(the kernel needs sm_90"):
         jit.requested()
 
 
 def test_build_extension_refuses_an_unsupported_arch_before_running_nvcc(monkeypatch):
     _capture_builds(monkeypatch, lambda *a, **k: pytest.fail("nvcc must not run"))
-    with pytest.raises(jit.JitError, match="^sm_75: the kernel needs sm_80 or newer"):
-        jit.build_extension(["sm_75", "sm_90a"])
+    with pytest.raises(jit.JitError, match="^sm_86: the kernel needs sm_90 or newer"):
+        jit.build_extension(["sm_86", "sm_90a"])
 
 
 def test_an_arch_this_nvcc_cannot_compile_is_named_before_the_build(monkeypatch):
     _capture_builds(monkeypatch, lambda *a, **k: pytest.fail("nvcc must not run"))
-    monkeypatch.setattr(jit_extension.toolchain, "nvcc_archs", lambda nvcc: frozenset({"sm_80", "sm_90"}))
-    with pytest.raises(jit.JitError, match="cannot compile for sm_120; it compiles sm_80, sm_90"):
+    monkeypatch.setattr(jit_extension.toolchain, "nvcc_archs", lambda nvcc: frozenset({"sm_90", "sm_100"}))
+    with pytest.raises(jit.JitError, match="cannot compile for sm_120; it compiles sm_90, sm_100"):
         jit.build_extension(["sm_90a", "sm_120"])
 
 
-@pytest.mark.parametrize("arch,why", [("sm_75", "sm_75: the kernel needs sm_80 or newer"),
+@pytest.mark.parametrize("arch,why", [("sm_75", "sm_75: the kernel needs sm_90 or newer"),
+                                      ("sm_86", "sm_86: the kernel needs sm_90 or newer (its KV loads use"),
                                       ("hopper", "arch 'hopper': expected something like sm_90 or sm_120")])
 def test_a_bad_arch_on_the_command_line_is_one_line(arch, why):
     for args in (["--arch", arch], ["--extension", "--arch", arch]):
