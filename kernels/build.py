@@ -125,8 +125,6 @@ def main(archs: tuple[str, ...], sass: bool, extension: bool, clear: bool) -> No
 
 def _extension(archs: tuple[str, ...]) -> None:
     req = requested()
-    for item, why in req.dropped if req else ():
-        log.info("%s: dropped %s (%s)", req.variable, item, why)
     for arch in archs:
         if arch == "sm_90":
             log.info("--arch sm_90: a 9.0 GPU loads the sm_90a build (with the wgmma variant); building that")

@@ -101,7 +101,10 @@ class ArchRequest:
 
     def describe(self) -> str:
         """``sm_90a, sm_120 (from TORCH_CUDA_ARCH_LIST; dropped 8.6: <why>)``."""
-        note = "".join(f"; dropped {item}: {why}" for item, why in self.dropped)
+        reasons: dict[str, list[str]] = {}
+        for item, why in self.dropped:
+            reasons.setdefault(why, []).append(item)
+        note = "".join(f"; dropped {', '.join(items)}: {why}" for why, items in reasons.items())
         return f"{', '.join(self.archs)} (from {self.variable}{note})"
 
 

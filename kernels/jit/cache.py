@@ -68,11 +68,12 @@ def _run_with_heartbeat(cmd: list[str], what: str, timeout: float, heartbeat: fl
 
 def cached_build(root: Path, key: str, filename: str, command: Callable[[Path], list[str]], what: str, *,
                  error: type[Exception] = JitError, timeout: float = 1800, verbose: bool = False,
-                 heartbeat: Optional[float] = None) -> Path:
+                 heartbeat: Optional[float] = None, note: str = "") -> Path:
     """`root/key/filename`, built on first use by `command(output path)`: the command writes into a
     temporary folder that is renamed into place under a file lock, so concurrent processes never
     load half a build (a leftover folder of the same key is replaced). A failing command raises
-    `error` saying "`what` failed" with the command and its output."""
+    `error` saying "`what` failed" with the command and its output. `note` is added to the line
+    that says the build started (e.g. where its archs came from)."""
     target_dir = root / key
     out_path = target_dir / filename
     if out_path.exists():
@@ -87,7 +88,8 @@ def cached_build(root: Path, key: str, filename: str, command: Callable[[Path], 
             return out_path
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
         cmd = command(tmp / filename)
-        announce("%s: started, into %s (once per cache key; this takes a minute or so)", what, target_dir)
+        announce("%s: started, into %s (once per cache key; this takes a minute or so)%s", what, target_dir,
+                 f"; {note}" if note else "")
         start = time.monotonic()
         try:
             proc = _run_with_heartbeat(cmd, what, timeout, HEARTBEAT_S if heartbeat is None else heartbeat)

@@ -107,10 +107,10 @@ def build_extension(archs: Sequence[str], *, verbose: bool = False) -> Path:
                 *[str(CSRC / s) for s in (*BINDING_SOURCES, *KERNEL_SOURCES)], "-o", str(out)]
 
     req = requested()
-    source = req.describe() if req is not None and list(req.archs) == list(archs) else ", ".join(archs)
+    note = f"archs {req.describe()}" if req is not None and list(req.archs) == list(archs) else ""
     return cache.cached_build(cache.cache_root(), build_key(archs, nvcc), _filename(), command,
-                              f"nvcc building the tree-verify extension for {source}", error=JitError,
-                              verbose=verbose)
+                              f"nvcc building the tree-verify extension for {', '.join(archs)}", error=JitError,
+                              verbose=verbose, note=note)
 
 
 _loaded: dict[str, ModuleType] = {}  # .so path -> module
