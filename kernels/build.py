@@ -38,7 +38,7 @@ import click
 
 from kdtree.cli_support import MachineError, UsageError, common_options, run
 from kdtree.kernels.jit import (JitError, build_extension, cache_root, capability_of, check_supported, clear_cache,
-                                compile_arch, extension_archs, normalize_arch, requested)
+                                compile_arch, extension_archs, requested)
 
 __all__ = ["DEFAULT_ARCHS", "main", "summarize_sass", "visible_capabilities", "warm_up"]
 

@@ -45,7 +45,7 @@ import torch
 
 from kdtree.integrations.sglang.converter import INT32_MAX, VerifyConverter
 from kdtree.kernels.contract import LATENT_DIM, MAX_HEADS, MAX_TREE_NODES, QK_DIM
-from kdtree.kernels.device_facts import DeviceFacts, device_facts
+from kdtree.kernels.device_facts import DeviceFacts
 
 log = logging.getLogger("kdtree.integrations.sglang")
 

@@ -39,5 +39,7 @@ __all__ = ["ARCH_VARIABLES", "ArchBuild", "ArchRequest", "BASE_FLAGS", "BINDING_
            "requested", "requested_archs", "smem_records", "source_hash", "unsupported_reason"]
 
 # the names engine/native.py builds its own extension with
-from kdtree.kernels.jit.toolchain import pybind11_include as _pybind11_include  # noqa: E402, F401
-from kdtree.kernels.jit.toolchain import python_include as _python_include  # noqa: E402, F401
+from kdtree.kernels.jit import toolchain as _toolchain  # noqa: E402
+
+_pybind11_include = _toolchain.pybind11_include
+_python_include = _toolchain.python_include

@@ -19,7 +19,6 @@ import fake_sglang
 from kdtree.integrations.sglang.backend import make_backend_class
 from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
 from kdtree.kernels import launch_plan
-from kdtree.kernels.reference import tree_verify_mla_reference
 
 POOL = 4200  # every fixture's pool has this many slots, so a replay's pool fits the captured one
 HEADS, N, BS = 4, 8, 3
