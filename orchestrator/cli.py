@@ -199,8 +199,10 @@ def _exit_code_of(state) -> int:
 def _warn_foreign_sources(plan) -> None:
     from kdtree.orchestrator.sources import foreign_sources  # noqa: PLC0415
 
-    for problem in foreign_sources(plan.root, [p.module for p in plan.phases]):
-        say(f"warning: {problem}; `run` and `checkpoint` refuse until then", err=True)
+    problems = foreign_sources(plan.root, [p.module for p in plan.phases])
+    if problems:  # one line: a non-editable install makes every declared package foreign at once
+        more = f" (and {len(problems) - 1} more packages like it)" if len(problems) > 1 else ""
+        say(f"warning: {problems[0]}{more}; `run` and `checkpoint` refuse until then", err=True)
 
 
 def _check_plan_markdown(plan) -> None:
