@@ -142,11 +142,18 @@ def wg0(nt, moved, ver):
             yield ("wgwait", 1)
             yield ("arrive", E(0, "L"))
         if i + 1 < npairs:
-            yield from qk(0, i + 1, False, ver)
+            yield ("wait", ("F", 0, "L"), i + 1)
+            yield ("ar", ("K", 0, "L"))
+            yield ("commit",)
             yield ("wgwait", 2 if MUT == "depth2" else 1)
+            yield ("arrive", E(1, "L"))
+            yield ("wait", ("F", 0, "R"), i + 1)
+            yield ("ar", ("K", 0, "Rv"))
+            yield ("ar", ("K", 0, "rope"))
+            yield ("commit",)
         else:
             yield ("wgwait", 0)
-        yield ("arrive", E(1, "L"))
+            yield ("arrive", E(1, "L"))
     yield from epilogue(W0)
 
 
