@@ -133,7 +133,8 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
                   f"({result.dtype}): {result.steps} steps, mean accepted length "
                   f"[bold]{result.mean_accepted:.2f}[/] tokens/step, {result.tokens_per_s:.1f} tokens/s "
                   f"(prefill {result.prefill_s:.2f} s, then [bold]{result.decode_tokens_per_s:.1f}[/] tokens/s)"
-                  + (f"; {result.graph_replays} verify steps replayed from CUDA graphs" if result.cuda_graph else ""))
+                  + (f"; {result.graph_replays} verify steps and {result.draft_graph_replays} draft passes replayed "
+                     "from CUDA graphs" if result.cuda_graph else ""))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class GenerationResult:
     dtype: str
     cuda_graph: bool = False  # verify steps replayed CUDA graphs (kdtree.engine.graph_capture)
     graph_replays: int = 0  # verify steps served by a graph replay (the rest ran eagerly)
+    draft_graph_replays: int = 0  # the self-draft model's decode passes served by a graph replay
     # With record_margins (plain greedy only): per request and token, the top-1 minus top-2 logit
     # and the runner-up token behind it.
     margins: Optional[list[list[float]]] = None
@@ -157,7 +158,8 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
     on_step(n): called after prefill and each step with the number of new tokens kept.
     prefill_chunk: prompt tokens per request per prefill forward (bounds prefill memory).
-    cuda_graph: capture and replay verify steps in CUDA graphs (`kdtree.engine.graph_capture`):
+    cuda_graph: capture and replay verify steps, and the self-draft model's decode passes, in CUDA
+    graphs (`kdtree.engine.graph_capture`, `kdtree.engine.draft_graphs`):
     False (default) off; True on (a ValueError where it cannot apply: it needs the kernel backend
     on CUDA and a drafter); None on where it applies (the CLI's default). Speculative decoding emits exactly the tokens plain greedy decoding would.
     record_margins: keep each greedy token's top-1 minus top-2 logit and runner-up (``margins``,
@@ -193,18 +195,22 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
                          f"max_position_embeddings = {cfg.max_position_embeddings}")
     per_request = [len(p) + max_new_tokens + depth + budget + 1 for p in prompts]  # kept KV + one tree
     if pool_slots is None:
-        pool_slots = sum(per_request) + (1 if use_graphs else 0)  # + the graphs' scratch slot
+        pool_slots = sum(per_request) + (2 if use_graphs else 0)  # + the graphs' scratch slots
     longest = max(map(len, prompts))
     if longest >= pool_slots:
         raise ValueError(f"a prompt of {longest} tokens is longer than the KV pool allows "
                          f"({pool_slots} slots, and generating needs at least one more)")
     pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
-    graphs = None
+    graphs = draft_graphs = None
     if use_graphs:
+        from kdtree.engine.draft_graphs import DraftGraphs  # noqa: PLC0415
+        from kdtree.engine.drafters import SelfDraftDrafter  # noqa: PLC0415
         from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
 
         graphs = VerifyGraphs(model, pool)
-    runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk, graphs=graphs)
+        if isinstance(spec, SelfDraftDrafter):
+            draft_graphs = DraftGraphs(model, pool, spec.layers_for(cfg.num_layers))
+    runner = Runner(model, pool, attention, prefill_chunk=prefill_chunk, graphs=graphs, draft_graphs=draft_graphs)
     if record_margins:
         runner.decisions = {}
     requests = [Request(rid, p, max_new_tokens) for rid, p in enumerate(prompts)]
@@ -234,6 +240,7 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
         drafter=drafter, budget=budget, backend=backend,
         device=str(model.device), dtype=str(model.dtype).removeprefix("torch."),
         cuda_graph=use_graphs, graph_replays=graphs.replays if graphs is not None else 0,
+        draft_graph_replays=draft_graphs.graphs.replays if draft_graphs is not None else 0,
         margins=_decided(runner, requests, 0) if record_margins else None,
         runner_up=_decided(runner, requests, 1) if record_margins else None)
 

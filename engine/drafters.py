@@ -11,7 +11,8 @@
 The self-draft layers are the target model's own first layers, so the prefix KV the target wrote
 is exactly theirs; draft tokens get temporary slots, freed before the drafter returns. Their
 attention over the prefix goes through the runner's backend in decode mode (the kernel backend
-sends it to the CUDA kernel), with the prefix slots already on the device.
+sends it to the CUDA kernel), with the prefix slots already on the device, replayed from the
+runner's draft graphs where it has them (`Runner.draft_logits`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Optional, Sequence
 import torch
 
 from kdtree.engine.h2d import to_device
-from kdtree.engine.metadata import decode_metadata
 from kdtree.engine.speculative import Request, Runner
 from kdtree.engine.tree import TokenTree, TreeBuilder, best_first_tree
 
@@ -70,8 +70,11 @@ class SelfDraftDrafter(Drafter):
         self.num_layers, self.max_depth, self.top_k = num_layers, max_depth, top_k
 
     def draft_layers(self, runner: Runner) -> int:
-        total = runner.model.config.num_layers
-        return self.num_layers if self.num_layers is not None else max(1, total // 2)
+        return self.layers_for(runner.model.config.num_layers)
+
+    def layers_for(self, total_layers: int) -> int:
+        """The draft model's layer count for a target of `total_layers` layers."""
+        return self.num_layers if self.num_layers is not None else max(1, total_layers // 2)
 
     def depth_logprobs(self, requests: Sequence[Request], depth: int, runner: Runner) -> torch.Tensor:
         """[B, depth, V] log-probs of the draft model along its own greedy chain from the pending token."""
@@ -88,8 +91,7 @@ class SelfDraftDrafter(Drafter):
                            for p, t in zip(prefix, temp)]
                 for t, s in zip(temp, slots):
                     t.append(s)
-                meta = decode_metadata(context, slots, runner.model.device)
-                logits = runner.forward(tokens, [len(c) for c in context], slots, meta, num_layers=layers)
+                logits = runner.draft_logits(context, tokens, slots, layers)
                 logprobs = torch.log_softmax(logits, dim=-1)
                 out.append(logprobs)
                 tokens = logprobs.argmax(-1).tolist()
@@ -97,11 +99,17 @@ class SelfDraftDrafter(Drafter):
             pool.free([s for t in temp for s in t])
         return torch.stack(out, dim=1)
 
+    def passes(self, budget: int) -> int:
+        """Decode passes of the draft model per `propose` at this budget (0 below 2 nodes)."""
+        if budget < 2:
+            return 0
+        return max(1, min(self.max_depth, (budget - 1) // min(self.top_k, budget - 1)))
+
     def propose(self, requests, budget, runner):
         if budget < 2:
             return [TokenTree.single(r.pending) for r in requests]
         k = min(self.top_k, budget - 1)
-        depth = max(1, min(self.max_depth, (budget - 1) // k))
+        depth = self.passes(budget)
         top = self.depth_logprobs(requests, depth, runner).topk(k, dim=-1).indices.tolist()
         trees = []
         for r, per_depth in zip(requests, top):
@@ -119,10 +127,13 @@ class DDTreeDrafter(SelfDraftDrafter):
     def __init__(self, num_layers: Optional[int] = None, max_depth: int = 8):
         super().__init__(num_layers=num_layers, max_depth=max_depth)
 
+    def passes(self, budget: int) -> int:
+        return min(self.max_depth, budget - 1) if budget >= 2 else 0
+
     def propose(self, requests, budget, runner):
         if budget < 2:
             return [TokenTree.single(r.pending) for r in requests]
-        depth = min(self.max_depth, budget - 1)
+        depth = self.passes(budget)
         logprobs = self.depth_logprobs(requests, depth, runner)
         return [best_first_tree(r.pending, lp, budget) for r, lp in zip(requests, logprobs)]
 

@@ -23,13 +23,19 @@ bucket's smallest size are served too, with that plan).
 
 A step outside every bucket (too many requests, a bigger tree, a prefix past the model's
 positions) returns None from `VerifyGraphs.verify_logits`: the runner runs it eagerly.
+
+The same machinery serves the draft model's decode passes (`kdtree.engine.draft_graphs`): a
+decode pass is a step of one-node trees over the first ``num_layers`` layers, in ``decode`` mode.
+The attention a graph holds comes from ``backend_factory(bucket)``: the kernel with the bucket's
+launch plan by default; any backend whose ops are capturable (the SGLang Triton kernels with
+static buffers sized by the bucket, `kdtree.bench.decode_triton`) can take its place.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
@@ -140,8 +146,8 @@ def tree_mask_from_parent_rows(parent_row: torch.Tensor, node: torch.Tensor, wor
 
 
 class BucketKernelBackend(AttentionBackend):
-    """The kernel for verify with a bucket's fixed launch plan (`kdtree.kernels.plan_bucket`), run
-    as it is; output rows no request owns are zero."""
+    """The kernel for verify (and decode: a one-node tree) with a bucket's fixed launch plan
+    (`kdtree.kernels.plan_bucket`), run as it is; output rows no request owns are zero."""
 
     requires_cuda = True
 
@@ -155,20 +161,39 @@ class BucketKernelBackend(AttentionBackend):
         return launch(q, kv_cache, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
                       float(sm_scale), out=out, plan=self.plan, padded_rows=True)
 
-    def forward_extend(self, q, kv_cache, meta, sm_scale):
-        raise RuntimeError("a verify graph runs verify attention only")
+    forward_decode = forward_verify
 
-    forward_decode = forward_extend
+    def forward_extend(self, q, kv_cache, meta, sm_scale):
+        raise RuntimeError("a verify graph runs verify and decode attention only")
 
 
 def verify_body(model: "MLAModel", kv_caches: list[torch.Tensor], bucket: Bucket, backend: AttentionBackend,
-                stage: torch.Tensor, kv_indices: torch.Tensor, logits: torch.Tensor) -> None:
+                stage: torch.Tensor, kv_indices: torch.Tensor, logits: torch.Tensor,
+                num_layers: Optional[int] = None, mode: str = "verify") -> None:
     """One verify step over a bucket's buffers: what a graph captures and what eager calls run.
 
     Reads ``stage`` (int64 [bucket.stage_len]) and ``kv_indices`` (int32 [bucket.kv_capacity],
     prefixes already in place; the tree slots are scattered in here), writes the tree's KV into the
     pool and the logits of every row into ``logits`` (fp32 [rows, vocab]). Shapes only on the host.
+    ``num_layers`` runs the first layers only (the draft model); ``mode`` "decode" (one-node trees)
+    sends attention to the backend's decode path.
     """
+    if mode not in ("verify", "decode"):
+        raise ValueError(f"mode must be 'verify' or 'decode', got {mode!r}")
+    if mode == "decode" and bucket.tree != 1:
+        raise ValueError(f"a decode bucket has one node per request, this one has {bucket.tree}")
+    ids, positions, slots32, meta = bucket_metadata(bucket, stage, kv_indices, mode)
+    # positions were checked on the host before the stage was written (VerifyGraphs.bucket, the
+    # gate's draws); passing the bucket's bound keeps the model from reading them back (a sync)
+    bound = min(bucket.context + bucket.tree, model.config.max_position_embeddings) - 1
+    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, num_layers=num_layers, max_position=bound))
+
+
+def bucket_metadata(bucket: Bucket, stage: torch.Tensor, kv_indices: torch.Tensor,
+                    mode: str = "verify") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The device-side conversion of a graph step: (input ids, positions, int32 out slots, the
+    attention metadata) from the staging vector, the tree slots scattered into ``kv_indices`` and
+    the packed ancestor mask built from parent rows. Host-side lengths are the bucket's bounds."""
     r, b = bucket.rows, bucket.batch
     fields = stage[: STAGE_FIELDS * r].view(STAGE_FIELDS, r)
     ids, positions, slots, parent_row, node, kv_pos = fields.unbind(0)
@@ -177,12 +202,9 @@ def verify_body(model: "MLAModel", kv_caches: list[torch.Tensor], bucket: Bucket
     slots32 = slots.to(torch.int32)
     kv_indices.index_copy_(0, kv_pos, slots32)
     mask = tree_mask_from_parent_rows(parent_row, node, bucket.mask_words, doubling_rounds(bucket.tree))
-    meta = AttentionMetadata("verify", qo_indptr, kv_indptr, kv_indices, mask,
+    meta = AttentionMetadata(mode, qo_indptr, kv_indptr, kv_indices, mask,
                              qo_lens=[bucket.tree] * b, kv_lens=[bucket.context + bucket.tree] * b)
-    # positions were checked on the host before the stage was written (VerifyGraphs.bucket, the
-    # gate's draws); passing the bucket's bound keeps the model from reading them back (a sync)
-    bound = min(bucket.context + bucket.tree, model.config.max_position_embeddings) - 1
-    logits.copy_(model(ids, positions, slots32, kv_caches, backend, meta, max_position=bound))
+    return ids, positions, slots32, meta
 
 
 def stage_values(bucket: Bucket, prefix_lens: Sequence[int], trees: Sequence["TokenTree"],
@@ -220,15 +242,24 @@ class VerifyGraphs:
     `verify_logits` serves a step from its bucket's graph (capturing it on first use) or returns
     None when no bucket holds the step. ``captures``, ``replays`` and ``fallbacks`` count what
     happened; `buffer_bytes` is what the static buffers of the captured buckets take.
+
+    ``backend_factory(bucket)`` gives the attention backend a bucket's graph captures (default:
+    the kernel with the bucket's launch plan, `backend_for`); ``num_layers`` and ``mode`` are
+    `verify_body`'s (the draft model's decode passes: `kdtree.engine.draft_graphs`).
     """
 
     def __init__(self, model: "MLAModel", pool: "KVPool", batch_buckets: Sequence[int] = BATCH_BUCKETS,
-                 tree_buckets: Sequence[int] = TREE_BUCKETS, max_context: Optional[int] = None):
+                 tree_buckets: Sequence[int] = TREE_BUCKETS, max_context: Optional[int] = None,
+                 backend_factory: Optional[Callable[[Bucket], AttentionBackend]] = None,
+                 num_layers: Optional[int] = None, mode: str = "verify"):
         if model.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {model.device}")
         if max(tree_buckets) > MAX_TREE_NODES:
             raise ValueError(f"tree buckets go up to {max(tree_buckets)} nodes; the kernel takes {MAX_TREE_NODES}")
+        if mode == "decode" and tuple(tree_buckets) != (1,):
+            raise ValueError(f"decode graphs hold one node per request: tree_buckets must be (1,), got {tuple(tree_buckets)}")
         self.model, self.pool = model, pool
+        self.backend_factory, self.num_layers, self.mode = backend_factory, num_layers, mode
         self.batch_buckets, self.tree_buckets = tuple(sorted(batch_buckets)), tuple(sorted(tree_buckets))
         limit = model.config.max_position_embeddings
         self.max_context = min(limit, max_context) if max_context else limit
@@ -256,7 +287,10 @@ class VerifyGraphs:
         return plan_bucket(bucket.batch, bucket.tree, bucket.context, self.model.config.num_heads,
                            self.model.device.index or 0)
 
-    def backend_for(self, bucket: Bucket) -> BucketKernelBackend:
+    def backend_for(self, bucket: Bucket) -> AttentionBackend:
+        """The attention backend a bucket's graph is captured with."""
+        if self.backend_factory is not None:
+            return self.backend_factory(bucket)
         return BucketKernelBackend(self.plan(bucket))
 
     def _capture(self, bucket: Bucket) -> _Captured:
@@ -267,7 +301,8 @@ class VerifyGraphs:
         backend = self.backend_for(bucket)
 
         def body():
-            verify_body(self.model, self.pool.kv, bucket, backend, stage, kv_indices, logits)
+            verify_body(self.model, self.pool.kv, bucket, backend, stage, kv_indices, logits, self.num_layers,
+                        self.mode)
 
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -288,7 +323,11 @@ class VerifyGraphs:
         The logits are a view of the graph's static output: valid until the next replay (the
         runner reads them at once). Nothing here allocates device memory once the bucket is captured.
         """
-        prefixes = [runner.prefix(r.rid) for r in requests]
+        return self.logits_for([runner.prefix(r.rid) for r in requests], trees, tree_slots)
+
+    def logits_for(self, prefixes: Sequence[torch.Tensor], trees: Sequence["TokenTree"],
+                   tree_slots: Sequence[Sequence[int]]) -> Optional[torch.Tensor]:
+        """`verify_logits` for explicit prefixes (int32 device tensors of slots, one per tree)."""
         lens = [int(p.numel()) for p in prefixes]
         bucket = self.bucket(lens, trees)
         if bucket is None:
@@ -298,7 +337,8 @@ class VerifyGraphs:
         if captured is None:
             captured = self.graphs[bucket] = self._capture(bucket)
         values, starts = stage_values(bucket, lens, trees, tree_slots, self.scratch_slot)
-        captured.stage.copy_(torch.tensor(values, dtype=torch.int64))
+        # through pinned memory: a pageable upload would make the host wait for the stream first
+        captured.stage.copy_(torch.tensor(values, dtype=torch.int64).pin_memory(), non_blocking=True)
         for start, length, prefix in zip(starts, lens, prefixes):
             if length:
                 captured.kv_indices[start: start + length].copy_(prefix)

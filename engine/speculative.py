@@ -53,17 +53,18 @@ class Runner:
     the chunk, not the prompt. Request prefixes reach the metadata as device tensors
     (`SlotMirror`): a step uploads only the slots that are new since the last one.
     With `graphs` (`kdtree.engine.graph_capture.VerifyGraphs`), verify steps that fit a bucket
-    replay its CUDA graph; the others run eagerly.
+    replay its CUDA graph; with `draft_graphs` (`kdtree.engine.draft_graphs.DraftGraphs`), so do
+    the draft model's decode passes (`draft_logits`); the others run eagerly.
     """
 
     def __init__(self, model: MLAModel, pool: KVPool, backend: AttentionBackend, prefill_chunk: int = 8192,
-                 graphs=None):
+                 graphs=None, draft_graphs=None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model, self.pool, self.backend = model, pool, backend
         self.prefill_chunk = prefill_chunk
         self.mirror = SlotMirror(pool, model.device)
-        self.graphs = graphs
+        self.graphs, self.draft_graphs = graphs, draft_graphs
         # rid -> (top-1 minus top-2 logit, runner-up token) of every greedy token prefill and plain
         # decode steps take, when set to a dict (`generate(record_margins=True)`: the token_exact
         # gates' near-tie test needs the oracle's margins).
@@ -86,6 +87,19 @@ class Runner:
         return self.model(to_device(list(tokens), dev, torch.long), to_device(positions, dev, torch.long),
                           to_device(list(slots), dev, torch.int32), self.pool.kv,
                           self.backend, meta, num_layers, rows, max_position=max(positions, default=None))
+
+    def draft_logits(self, contexts: Sequence[torch.Tensor], tokens: Sequence[int], slots: Sequence[int],
+                     num_layers: int) -> torch.Tensor:
+        """Logits [B, vocab] of one decode pass of the first `num_layers` layers: request b's token
+        `tokens[b]`, written into `slots[b]`, attends to `contexts[b]` (int32 device slots) and itself.
+        Replayed from `draft_graphs` where a bucket holds it (and its layer count is this one), else eager."""
+        graphs = self.draft_graphs
+        if graphs is not None and graphs.num_layers == num_layers:
+            logits = graphs.decode_logits(contexts, tokens, slots)
+            if logits is not None:
+                return logits
+        meta = decode_metadata(contexts, slots, self.model.device)
+        return self.forward(tokens, [len(c) for c in contexts], slots, meta, num_layers=num_layers)
 
     def prefix(self, rid: int) -> torch.Tensor:
         """The request's slots so far, int32 on the model's device (a view kept by the mirror)."""

@@ -39,6 +39,7 @@ class Outcome(str, enum.Enum):
     SKIPPED = "skipped"
     ERROR = "error"
     NOT_IMPLEMENTED = "not-implemented"
+    TIMEOUT = "timeout"  # ran past its time limit (the orchestrator stops it)
 
 
 Comparator = Literal[">=", "<=", ">", "<", "=="]

@@ -49,6 +49,9 @@ class GateSpecBase(_Strict):
     # "quick" where a quick run measures less): what the gate's measurement runs, where a reader
     # of the spec sees it.
     workload: dict[str, Any] = Field(default_factory=dict)
+    # Seconds the gate may run before the orchestrator stops it (a timeout outcome); None: the
+    # plan's default. Not part of the spec hash: it bounds the run, not what is measured.
+    time_limit_s: Optional[float] = Field(None, gt=0)
 
     @field_validator("requires")
     @classmethod
@@ -242,6 +245,6 @@ class PhaseSpec(_Strict):
         nothing stale.
         """
         blob = json.dumps(self.model_dump(mode="json", exclude={"versions": True,
-                                                                 "gates": {"__all__": {"targets"}}}),
+                                                                 "gates": {"__all__": {"targets", "time_limit_s"}}}),
                           sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

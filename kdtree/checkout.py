@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
-_TOP_LEVEL_FOLDERS = ("orchestrator", "phases", "gates", "kernels", "engine", "integrations", "tools", "bench")
+_TOP_LEVEL_FOLDERS = ("orchestrator", "phases", "gates", "kernels", "engine", "integrations", "tools", "bench",
+                      "constraints")
 
 
 def checkout_root() -> Path | None:

@@ -11,7 +11,8 @@ is the one PyTorch's extension builder uses, so both agree on a machine with sev
 
 A tool is looked for in that toolkit's ``bin/`` first, then on ``PATH``. Nothing here imports
 torch or any other part of the project (the gates use it, and gates import nothing of the
-project), and nothing raises when the toolkit is missing: lookups return None.
+project; it reads its variables through `kdtree.envvars`, standard library only), and nothing
+raises when the toolkit is missing: lookups return None.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from kdtree import envvars
+
 __all__ = ["DEFAULT_HOME", "Toolkit", "cuda_home", "find_compute_sanitizer", "find_cuobjdump", "find_nvcc",
            "find_tool", "locate", "nvcc_banner", "nvcc_version"]
 
 DEFAULT_HOME = Path("/usr/local/cuda")
-_HOME_VARIABLES = ("CUDA_HOME", "CUDA_PATH")
+_HOME_VARIABLES = (envvars.CUDA_HOME.name, envvars.CUDA_PATH.name)
 
 
 def cuda_home() -> Optional[Path]:

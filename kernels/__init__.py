@@ -15,7 +15,8 @@ The kernel is also the PyTorch operator ``torch.ops.kdtree.tree_verify_mla``
 `plan` / `plan_bucket` return the `LaunchPlan` of a call or a CUDA-graph bucket, which
 ``tree_verify_mla(..., plan=plan)`` runs as it is (`cuda_op.launch` adds the graph path's
 padded rows and run-length KV metadata).
-Importing this package needs no GPU, nvcc or triton. The measurement tools (benchmark, roofline,
+Importing this package needs no GPU, nvcc or triton, nor torch (without torch its names say
+which extra to install; `jit`, `build` and `info` work). The measurement tools (benchmark, roofline,
 devcheck, ...) live in `kdtree.tools`; this package is the op and its build.
 """
 
@@ -23,12 +24,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _missing:  # a CPU-only install: the build and info commands need no torch
+    if _missing.name != "torch":
+        raise
+    torch = None
 
-from kdtree.kernels.contract import LATENT_DIM, set_debug
-from kdtree.kernels.launch_plan import LaunchPlan, plan, plan_bucket
-from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_mask_from_parents
-from kdtree.kernels.torch_op import tree_verify_mla_op
+if torch is not None:
+    from kdtree.kernels.contract import LATENT_DIM, set_debug
+    from kdtree.kernels.launch_plan import LaunchPlan, plan, plan_bucket
+    from kdtree.kernels.masks import pack_sglang_custom_mask, pack_tree_masks, tree_mask_from_parents
+    from kdtree.kernels.torch_op import tree_verify_mla_op
+else:
+    def __getattr__(name: str):
+        if name in __all__:
+            from kdtree.extras import missing  # noqa: PLC0415
+
+            raise missing("torch", f"kdtree.kernels.{name}")
+        raise AttributeError(f"module 'kdtree.kernels' has no attribute {name!r}")
 
 __all__ = ["LaunchPlan", "pack_sglang_custom_mask", "pack_tree_masks", "plan", "plan_bucket", "set_debug",
            "tree_mask_from_parents", "tree_verify_mla"]

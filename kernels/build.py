@@ -3,6 +3,8 @@
     python -m kdtree.kernels.build --arch sm_90a --arch sm_120 [--sass]   # the report, no GPU needed
     python -m kdtree.kernels.build --extension                           # warm-up on the GPU machine
     python -m kdtree.kernels.build --extension --arch sm_90a --arch sm_120   # warm-up for those GPUs
+    KDTREE_CUDA_ARCHS="9.0;12.0" python -m kdtree.kernels.build --extension  # on a machine without a GPU
+    python -m kdtree.kernels.build --clear-cache                         # remove every cached build
 
 The report, for each ``--arch``: registers, spills, stack frame and static shared memory per
 kernel (from ``nvcc -Xptxas -v``), the dynamic shared memory each kernel is launched with (read
@@ -15,11 +17,13 @@ arch as named: ``sm_90`` is the plain Hopper target (no wgmma), ``sm_90a`` the o
 call would (`kdtree.kernels.jit.extension_archs`): without ``--arch`` for each GPU this machine
 sees, with ``--arch`` for GPUs of those archs (``sm_90`` and ``sm_90a`` both mean a 9.0 GPU,
 which loads the sm_90a build). With $KDTREE_CUDA_ARCHS or $TORCH_CUDA_ARCH_LIST set, that is
-one extension for the archs it names. Run it once after installing so the first call of a
-server does not wait for nvcc.
+one extension for the archs it names, built without looking for a GPU (image and wheel builds
+run on machines without one). Run it once after installing so the first call of a server does
+not wait for nvcc. The kernel needs sm_90 or newer: a lower ``--arch`` is refused, and archs
+below it in an inherited variable are dropped with a line saying so.
 
-Exit status 1 when a compile fails, 2 when the arguments or the machine (no nvcc, no GPU to
-build for) are wrong.
+Needs nvcc (and pybind11 for ``--extension``), not torch. Exit status 1 when a compile fails, 2
+when the arguments or the machine (no nvcc, nothing to build for) are wrong.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from typing import Optional
 
 import click
 
-from kdtree.cli_support import MachineError, common_options, run
-from kdtree.kernels.jit import JitError, build_extension, capability_of, compile_arch, extension_archs, normalize_arch
+from kdtree.cli_support import MachineError, UsageError, common_options, run
+from kdtree.kernels.jit import (JitError, build_extension, cache_root, capability_of, check_supported, clear_cache,
+                                compile_arch, extension_archs, requested)
 
 __all__ = ["DEFAULT_ARCHS", "main", "summarize_sass", "visible_capabilities", "warm_up"]
 
@@ -73,9 +78,9 @@ def warm_up(capabilities: list[tuple[int, int]]) -> list[tuple[list[str], Path]]
 
 def _arch(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     try:
-        return tuple(normalize_arch(v) for v in values)
+        return tuple(check_supported(v) for v in values)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise UsageError(f"Invalid value for '--arch': {exc}") from None
 
 
 def _report(arch: str, sass: bool) -> bool:
@@ -99,8 +104,14 @@ def _report(arch: str, sass: bool) -> bool:
 @click.option("--sass", is_flag=True, help="Also print the opcode summary of the SASS.")
 @click.option("--extension", is_flag=True,
               help="Build the extension each GPU loads into the JIT cache (the warm-up), instead of the report.")
+@click.option("--clear-cache", "clear", is_flag=True,
+              help="Remove every cached build (the extension's and the allocator core's) and exit.")
 @common_options
-def main(archs: tuple[str, ...], sass: bool, extension: bool) -> None:
+def main(archs: tuple[str, ...], sass: bool, extension: bool, clear: bool) -> None:
+    if clear:
+        removed, freed = clear_cache()
+        click.echo(f"removed {removed} build(s), {freed / 2**20:.1f} MiB, from {cache_root()}")
+        return
     try:
         if extension:
             _extension(archs)
@@ -113,15 +124,19 @@ def main(archs: tuple[str, ...], sass: bool, extension: bool) -> None:
 
 
 def _extension(archs: tuple[str, ...]) -> None:
-    capabilities: list[tuple[int, int]] = sorted({capability_of(a) for a in archs}) if archs else visible_capabilities()
-    if not capabilities:
-        raise MachineError("no CUDA GPU is visible here, so there is nothing to build for: "
-                           "name the GPUs' archs with --arch (e.g. --arch sm_90a --arch sm_120)")
+    req = requested()
     for arch in archs:
         if arch == "sm_90":
             log.info("--arch sm_90: a 9.0 GPU loads the sm_90a build (with the wgmma variant); building that")
     try:
-        built = warm_up(capabilities)
+        if req is not None and not archs:  # the variable names the GPUs: no need to see one
+            built = [(list(req.archs), build_extension(req.archs))]
+        else:
+            capabilities = sorted({capability_of(a) for a in archs}) if archs else visible_capabilities()
+            if not capabilities:
+                raise MachineError("no CUDA GPU is visible here, so there is nothing to build for: name the GPUs' "
+                                   "archs with --arch (e.g. --arch sm_90a --arch sm_120) or KDTREE_CUDA_ARCHS")
+            built = warm_up(capabilities)
     except JitError as exc:
         if "failed:" not in str(exc):
             raise

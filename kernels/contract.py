@@ -9,10 +9,11 @@ inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, NoReturn, Optional
 
 import torch
+
+from kdtree import envvars
 
 LATENT_DIM = 512
 ROPE_DIM = 64
@@ -22,7 +23,7 @@ MAX_TREE_NODES = 1024
 _INDEX_DTYPES = (torch.int32,)
 _LSE_DTYPES = (torch.float32,)
 
-_debug = os.environ.get("KDTREE_DEBUG", "") not in ("", "0")
+_debug = envvars.KDTREE_DEBUG.is_on()
 
 
 def set_debug(enabled: bool) -> None:
@@ -209,6 +210,17 @@ def validate_values(p: Problem, qo_indptr, kv_indptr, kv_indices, tree_mask, num
     _need(missing.numel() == 0, "tree_mask",
           f"row {int(missing[0]) if missing.numel() else -1} does not include its own node "
           "(bit t of node t must be set)")
+    # and no row may name a node past its request's tree (bits T_b.. of every row are zero)
+    tb = torch.repeat_interleave(t, t)
+    kept = (tb.unsqueeze(1) - 32 * torch.arange(p.mask_words).unsqueeze(0)).clamp(0, 32)
+    stray = words & ~((torch.ones_like(kept) << kept) - 1) & 0xFFFFFFFF
+    bad_rows = torch.nonzero(stray.any(dim=1)).flatten()
+    if bad_rows.numel():
+        row = int(bad_rows[0])
+        word = int(torch.nonzero(stray[row]).flatten()[0])
+        bit = 32 * word + (int(stray[row, word]) & -int(stray[row, word])).bit_length() - 1
+        _fail("tree_mask", f"row {row} sets bit {bit}, past its request's {int(tb[row])} tree nodes "
+                           "(bits T_b and above must be zero)")
 
 
 def allocate_outputs(q: torch.Tensor, out: Optional[torch.Tensor], lse: Optional[torch.Tensor],

@@ -13,16 +13,14 @@ Works without torch or a GPU (it says so). Exit status 0; 2 for a configuration 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import click
 
-from kdtree import __version__, cuda_toolkit
+from kdtree import __version__, cuda_toolkit, envvars
 from kdtree.cli_support import UsageError, common_options, run
 from kdtree.kernels import jit
-from kdtree.kernels.launch_plan import choose_variant, runnable_variants, variant_name
 
 __all__ = ["GpuInfo", "PluginInfo", "dispatch_ranges", "gpus", "main", "plugin_info"]
 
@@ -33,6 +31,8 @@ _MAX_ROWS = 1024  # rows per request the dispatch is described up to (T_b's supp
 
 def dispatch_ranges(capability: tuple[int, int]) -> list[tuple[int, int, str]]:
     """(first, last, variant) rows-per-request ranges of the default dispatch on a device."""
+    from kdtree.kernels.launch_plan import choose_variant, variant_name  # noqa: PLC0415 - needs torch
+
     ranges: list[tuple[int, int, str]] = []
     for rows in range(1, _MAX_ROWS + 1):
         name = variant_name(choose_variant(rows, capability))
@@ -67,8 +67,8 @@ def gpus() -> tuple[list[GpuInfo], Optional[str]]:
     for index in range(torch.cuda.device_count()):
         cap = tuple(torch.cuda.get_device_capability(index))
         gpu = GpuInfo(index, torch.cuda.get_device_name(index), cap)  # type: ignore[arg-type]
-        if cap < (8, 0):
-            gpu.problem = "the kernel needs sm_80 or newer"
+        if cap < jit.MIN_CAPABILITY:
+            gpu.problem = jit.unsupported_reason(f"sm_{cap[0]}{cap[1]}")
         else:
             try:
                 gpu.archs = jit.extension_archs(cap)  # type: ignore[arg-type]
@@ -102,7 +102,7 @@ def plugin_info() -> PluginInfo:
         sglang_version = None
     return PluginInfo(entry_point=f"{entry.name} = {entry.value}" if entry else None,
                       sglang_version=sglang_version,
-                      disabled_by_env=os.environ.get("KDTREE_SGLANG", "1") == "0")
+                      disabled_by_env=envvars.KDTREE_SGLANG.is_off())
 
 
 def _toolkit_lines() -> list[str]:
@@ -115,20 +115,20 @@ def _toolkit_lines() -> list[str]:
 
 
 def _arch_lines() -> list[str]:
-    requested = jit.requested_archs()
+    requested = jit.requested()
     if requested is None:
         return ["archs: each GPU's own (9.0 -> sm_90a), with its PTX; "
                 f"set {' or '.join(jit.ARCH_VARIABLES)} to choose"]
-    variable, archs = requested
-    return [f"archs: {', '.join(archs)} (from {variable}), PTX for {jit.ptx_arch(archs)}"]
+    return [f"archs: {requested.describe()}, PTX for {jit.ptx_arch(requested.archs)}"]
 
 
 def _cache_lines() -> list[str]:
     root = jit.cache_root()
-    source = ("KDTREE_CACHE_DIR" if os.environ.get("KDTREE_CACHE_DIR")
-              else "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "default")
-    builds = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
-    return [f"cache: {root} ({source}; {len(builds)} build(s) in it)"]
+    source = ("KDTREE_CACHE_DIR" if envvars.KDTREE_CACHE_DIR.get()
+              else "XDG_CACHE_HOME" if envvars.XDG_CACHE_HOME.get() else "default")
+    builds = jit.cached_builds(root)
+    return [f"cache: {root} ({source}; {len(builds)} build(s) in it; "
+            "python -m kdtree.kernels.build --clear-cache empties it)"]
 
 
 def _gpu_lines() -> list[str]:
@@ -143,6 +143,8 @@ def _gpu_lines() -> list[str]:
             lines.append(f"    cannot run the kernel: {gpu.problem}")
             continue
         lines.append(f"    extension: {', '.join(gpu.archs)}: {gpu.extension or 'not built yet (python -m kdtree.kernels.build --extension)'}")
+        from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415 - needs torch
+
         lines.append(f"    variants: {', '.join(runnable_variants(gpu.capability))}; default dispatch: "
                      + ", ".join(f"{lo}-{hi} rows/request {name}" for lo, hi, name in dispatch_ranges(gpu.capability)))
     return lines

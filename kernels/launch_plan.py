@@ -221,7 +221,27 @@ def plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int
     if min(num_rows, num_heads, batch, mask_words) < 1 or num_kv < 0:
         raise ValueError(f"plan: need num_rows, num_heads, batch, mask_words >= 1 and num_kv >= 0, got "
                          f"{num_rows}, {num_heads}, {batch}, {mask_words}, {num_kv}")
-    return _plan(num_rows, num_heads, batch, mask_words, num_kv, device_facts(device), variant, num_splits)
+    return _plan(num_rows, num_heads, batch, mask_words, num_kv, checked_facts(num_heads, device), variant, num_splits)
+
+
+def checked_facts(num_heads: int, device: DeviceLike) -> DeviceFacts:
+    """The facts of the device a plan is for, after the checks a plan's arguments need: heads in
+    1..128, a CUDA device to read (or given `DeviceFacts`), compute capability 8.0 or newer.
+    ValueError naming the argument otherwise."""
+    if not 1 <= num_heads <= 128:
+        raise ValueError(f"num_heads: the kernel takes 1 to 128 heads, got {num_heads}")
+    if not isinstance(device, DeviceFacts):
+        import torch  # noqa: PLC0415
+
+        cuda = device is None or isinstance(device, int) or torch.device(device).type == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise ValueError(f"device: no CUDA device here to plan for ({device!r}; torch.cuda.is_available() "
+                             "is False): pass DeviceFacts(sm_count=..., capability=...) to plan for one elsewhere")
+    facts = device_facts(device)
+    if tuple(facts.capability) < (8, 0):
+        raise ValueError(f"device: compute capability {facts.capability[0]}.{facts.capability[1]}; the kernel "
+                         "needs 8.0 or newer (sm_80)")
+    return facts
 
 
 def _plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int, device: DeviceFacts,
@@ -293,7 +313,7 @@ def plan_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int,
     ``max_context``; `bucket_regret`); the variant is the one the bucket's row count picks.
     ``variant`` / ``num_splits`` force them.
     """
-    return _plan_bucket(max_batch, max_tree, max_context, num_heads, device_facts(device), min_context, variant,
+    return _plan_bucket(max_batch, max_tree, max_context, num_heads, checked_facts(num_heads, device), min_context, variant,
                         num_splits)
 
 

@@ -30,6 +30,26 @@ def _validate_parents(parents: Sequence[int], where: str = "parents") -> list[in
     return parents
 
 
+def _requests(parents_per_request) -> list:
+    """The batch as a list of per-request parent lists; ValueError for anything else."""
+    if isinstance(parents_per_request, (np.ndarray, torch.Tensor)):
+        if parents_per_request.ndim != 2:
+            raise ValueError(f"parents_per_request: expected one parents row per request (a 2-D array, or a list "
+                             f"of lists such as [[-1, 0, 0]]), got a {parents_per_request.ndim}-D array; for one tree "
+                             "use tree_mask_from_parents(parents)")
+        parents_per_request = parents_per_request.tolist()
+    if isinstance(parents_per_request, (str, bytes)) or not isinstance(parents_per_request, Sequence):
+        raise ValueError(f"parents_per_request: expected a list with one parents list per request, got "
+                         f"{type(parents_per_request).__name__}")
+    if not parents_per_request:
+        raise ValueError("parents_per_request: the batch is empty (one parents list per request, at least one)")
+    for b, parents in enumerate(parents_per_request):
+        if isinstance(parents, (int, np.integer)) or (isinstance(parents, (np.ndarray, torch.Tensor)) and parents.ndim != 1):
+            raise ValueError(f"parents_per_request[{b}]: expected a list of parent indices, got {parents!r}: pass "
+                             "one list per request (e.g. [[-1, 0, 0]]), or use tree_mask_from_parents for one tree")
+    return list(parents_per_request)
+
+
 def ancestor_matrix(parents: Sequence[int]) -> np.ndarray:
     """bool [T, T]: entry (t, s) is True iff s is an ancestor-or-self of t."""
     parents = _validate_parents(parents)
@@ -71,9 +91,8 @@ def tree_mask_from_parents(parents: Sequence[int], device: Optional[torch.device
 def pack_tree_masks(parents_per_request: Sequence[Sequence[int]],
                     device: Optional[torch.device | str] = None) -> torch.Tensor:
     """int32 [Nq, ceil(max T / 32)] for a batch: request b's rows follow request b-1's."""
-    if not parents_per_request:
-        raise ValueError("parents_per_request: the batch is empty")
-    trees = [ancestor_matrix(p) for p in parents_per_request]
+    trees = [ancestor_matrix(_validate_parents(p, f"parents_per_request[{b}]"))
+             for b, p in enumerate(_requests(parents_per_request))]
     words = (max(a.shape[0] for a in trees) + 31) // 32
     return upload(torch.from_numpy(np.concatenate([pack_bool_rows(a, words) for a in trees])), device)
 
@@ -88,12 +107,22 @@ def pack_sglang_custom_mask(custom_mask: torch.Tensor, mask_indptr: torch.Tensor
     device of ``custom_mask``. Runs on the host (it reads the indptrs), so call it once per
     verify batch, outside graph capture.
     """
+    for name, t in (("custom_mask", custom_mask), ("mask_indptr", mask_indptr), ("qo_indptr", qo_indptr),
+                    ("kv_indptr", kv_indptr)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1:
+            raise ValueError(f"{name}: expected a flat (1-D) tensor, got shape {tuple(t.shape)}")
     qo = qo_indptr.detach().cpu().tolist()
     kv = kv_indptr.detach().cpu().tolist()
     mi = mask_indptr.detach().cpu().tolist()
     if not (len(qo) == len(kv) == len(mi)):
         raise ValueError(f"qo_indptr, kv_indptr and mask_indptr must have the same length, got "
                          f"{len(qo)}, {len(kv)}, {len(mi)}")
+    if len(qo) < 2:
+        raise ValueError(f"qo_indptr: the batch is empty ({len(qo)} entries; B+1 >= 2 needed, one request at least)")
+    if mi[-1] > custom_mask.numel():
+        raise ValueError(f"mask_indptr: ends at {mi[-1]} but custom_mask has {custom_mask.numel()} entries")
     flat = custom_mask.detach().to("cpu", torch.bool).numpy()
     t_max = max(qo[b + 1] - qo[b] for b in range(len(qo) - 1))
     words = max(1, (t_max + 31) // 32)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import split_lines
 from kdtree.orchestrator.specs import RunRecord
@@ -72,5 +73,10 @@ def update_changelog(path: Path, entries: list[tuple[str, RunRecord]]) -> list[s
     text = read_text(path, "the changelog", missing_ok=True)
     lines = [entry_line(title, rec) for title, rec in entries if not recorded(text, rec)]
     if lines:
-        atomic_write_text(path, add_entries(text, lines))
+        try:
+            atomic_write_text(path, add_entries(text, lines))
+        except OSError as exc:
+            raise Refusal(f"the changelog {path} cannot be written ({exc.strerror or exc}); make it "
+                          "and its folder writable (an immutable file: `chattr -i`), then checkpoint "
+                          "again") from None
     return lines

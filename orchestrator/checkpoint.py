@@ -31,16 +31,20 @@ runs the repository's hooks. Its message::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from kdtree.orchestrator.changelog import update_changelog
-from kdtree.orchestrator.commitset import select, stage, working_tree_changes
+from kdtree.orchestrator.commitset import (
+    require_committable, require_staged, select, stage, working_tree_changes,
+)
 from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.evidence import changed_during_run, complete_peer, deciding_run, latest_by_device, skipped
 from kdtree.orchestrator.git import (
-    GitError, IndexSnapshot, branch, describe_commit_failure, git_text, head_commit, in_progress_operation,
-    run_git,
+    GitError, IndexSnapshot, branch, commit_unit, describe_commit_failure, git_text, head_commit,
+    in_progress_operation,
 )
 from kdtree.orchestrator.lock import LOCK_NAME
 from kdtree.orchestrator.plan import Plan
@@ -71,11 +75,23 @@ class CheckpointResult:
 
 
 def commit_message(title: str, record: RunRecord, note: Optional[str] = None,
-                   decider: Optional[RunRecord] = None) -> str:
-    """The checkpoint commit message: subject, optional note, one line per gate, trailers."""
+                   decider: Optional[RunRecord] = None, others: Optional[list[RunRecord]] = None) -> str:
+    """The checkpoint commit message: subject, optional note, one line per gate, trailers.
+
+    ``others``: runs of other phases whose records the commit adds; the subject names their
+    phases too, and the body lists them.
+    """
     n, total = record.passed_count, len(record.results)
     counts = f"{n}/{total} gates" if record.state is PhaseState.PASSED else f"{n}/{total} gates passed"
-    subject = f"checkpoint: {record.phase} {title} {record.state.value} ({counts})"
+    name = record.phase if not title.strip() or title.strip() == record.phase else f"{record.phase} {title.strip()}"
+    subject = f"checkpoint: {name} {record.state.value} ({counts})"
+    others = [o for o in others or [] if o.phase != record.phase]
+    by_phase: dict[str, RunRecord] = {}
+    for o in others:
+        if o.phase not in by_phase or o.order > by_phase[o.phase].order:
+            by_phase[o.phase] = o
+    if by_phase:
+        subject += "; with " + ", ".join(f"{p} {o.state.value}" for p, o in by_phase.items())
     parts = [subject]
     if note and note.strip():
         parts.append(note.strip())
@@ -85,6 +101,9 @@ def commit_message(title: str, record: RunRecord, note: Optional[str] = None,
         parts.append(f"This run skipped {skipped(record)} gate(s); the phase's state stays decided by "
                      f"run {decider.run_id} ({decider.device.label}): {decider.state.value}.")
     parts.append("\n".join(gate_line(r) for r in record.results))
+    if others:
+        parts.append("Also in this commit: " + "; ".join(
+            f"{o.phase} run {o.run_id} ({o.state.value}, {o.device.label})" for o in others))
     gates = ", ".join(f"{r.gate}={r.outcome.value}" for r in record.results)
     parts.append(f"Run: {record.run_id}\nPhase: {record.phase}\nGates: {gates}\n"
                  f"Device: {record.device.label}")
@@ -101,14 +120,14 @@ def _reported(statuses: list[PhaseStatus], phase_id: Optional[str], plan: Plan) 
     ran = [s for s in statuses if s.newest is not None]
     if not ran:
         raise Refusal("no phase has a full run to checkpoint; run `orchestrate run PHASE` first")
-    return max(ran, key=lambda s: (s.newest.ended_at, s.newest.run_id))
+    return max(ran, key=lambda s: s.newest.order)
 
 
 def _fill_commit(plan: Plan, store: ResultStore, st: PhaseStatus, rec: RunRecord) -> Optional[str]:
     """Fill in the commit of a record that names none, when the history holds its inputs."""
     if rec.git.sha is not None:
         return None
-    found = find_commit(plan.root, list(st.phase.spec.inputs), rec.inputs_hash)
+    found = find_commit(plan.root, plan.input_globs(st.phase), rec.inputs_hash)
     if found is None:
         return None
     git = rec.git.model_copy(update={"sha": found, "sha_source": "checkpoint"})
@@ -139,20 +158,24 @@ def _plots(rec: RunRecord) -> list[str]:
 
 
 def _commit_set(plan: Plan, st: PhaseStatus, rec: RunRecord, include_untracked: bool,
-                store: ResultStore):
+                store: ResultStore, include_records: bool = False):
     results_dir = plan.spec.results_dir.rstrip("/")
     cited = cited_runs(plan, store) + [rec]
     records = [f"{results_dir}/{r.phase}/{r.run_id}.json" for r in cited]
-    plots = [p for r in cited for p in _plots(r)]
-    return select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
-                  changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
-                  lock=f"{results_dir}/{LOCK_NAME}", input_globs=list(st.phase.spec.inputs),
-                  plots=plots + records, include_untracked=include_untracked)
+    plots = [p for r in cited for p in _plots(r)] + [r.log for r in cited if r.log]
+    chosen = select(working_tree_changes(plan.root), plan_md=plan.spec.markdown,
+                    changelog=plan.spec.changelog, phase_dir=f"{results_dir}/{st.phase.id}",
+                    lock=f"{results_dir}/{LOCK_NAME}", input_globs=plan.input_globs(st.phase),
+                    plots=plots + records, include_untracked=include_untracked,
+                    results_dir=results_dir, include_records=include_records)
+    chosen.required = sorted(set(records))
+    require_committable(plan.root, chosen.required, chosen)
+    return chosen
 
 
 def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = False,
                note: Optional[str] = None, include_untracked: bool = False,
-               allow_incomplete: bool = False) -> CheckpointResult:
+               allow_incomplete: bool = False, include_records: bool = False) -> CheckpointResult:
     """Run a checkpoint (see module docstring). The caller holds the run lock."""
     if not plan.is_git:
         raise Refusal(f"{plan.root} is not a git repository; a checkpoint needs one")
@@ -182,7 +205,8 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
                       f"({peer.state.value}). Pass --allow-incomplete to checkpoint the incomplete "
                       f"run anyway, or delete {store.path_of(rec)}")
     if commit:
-        _commit_set(plan, st, rec, include_untracked, store)  # refuses before anything is written
+        _commit_set(plan, st, rec, include_untracked, store, include_records)  # refuses before anything is written
+    _require_writable(plan)
 
     filled = _fill_commit(plan, store, st, rec)
     if filled:
@@ -199,30 +223,63 @@ def checkpoint(plan: Plan, phase_id: Optional[str] = None, *, commit: bool = Fal
     if not commit:
         return result
 
-    chosen = _commit_set(plan, st, rec, include_untracked, store)
+    chosen = _commit_set(plan, st, rec, include_untracked, store, include_records)
     result.left_out = chosen.left_out
+    others = _added_records(plan, store, chosen.to_add)
+    if others:
+        result.message = message = commit_message(st.phase.spec.title, rec, note, decider=st.record,
+                                                  others=others)
     index = IndexSnapshot(plan.root)
     try:
         stage(plan.root, chosen.to_add)
+        require_staged(plan.root, chosen.required)
         has_head = head_commit(plan.root) is not None
         staged = (git_text(plan.root, "diff", "--cached", "--name-only") if has_head
                   else git_text(plan.root, "ls-files", "--cached"))
         if not staged.strip():
             result.nothing_to_commit = True
             return result
-        try:
-            run_git(plan.root, "commit", "-q", "-F", "-", stdin=message.encode("utf-8"))
-        except GitError as exc:
-            raise Refusal(describe_commit_failure(exc) + _kept(plan)) from None
     except BaseException:
         index.restore()
         raise
+    try:
+        commit_unit(plan.root, message, index)  # restores the index itself when nothing was committed
+    except GitError as exc:
+        raise Refusal(describe_commit_failure(exc) + _kept(plan)) from None
     sha = head_commit(plan.root)
     result.commit_sha = sha
     rows = git_text(plan.root, "diff-tree", "--no-commit-id", "--name-status", "-r", "--root",
                     "--relative", sha)
     result.files = [r for r in rows.splitlines() if r.strip()]
     return result
+
+
+def _require_writable(plan: Plan) -> None:
+    """Refuse before anything is written when the plan or the changelog cannot be replaced."""
+    from kdtree.orchestrator.preflight import probe_file, probe_folder  # noqa: PLC0415
+
+    for path, what in ((plan.markdown_path, "the plan markdown"), (plan.changelog_path, "the changelog")):
+        real = Path(os.path.realpath(path))
+        why = probe_folder(real.parent) or (probe_file(real) if real.exists() else None)
+        if why:
+            raise Refusal(f"{what} {real} cannot be written ({why}); make it and its folder writable "
+                          "(an immutable file: `lsattr` shows `i`, `chattr -i` clears it), then "
+                          "checkpoint again. Nothing was written")
+
+
+def _added_records(plan: Plan, store: ResultStore, paths: list[str]) -> list[RunRecord]:
+    """The run records among ``paths`` (being added by the commit), loaded."""
+    from kdtree.orchestrator.store import RUN_ID_RE, load_record  # noqa: PLC0415
+
+    results_dir = plan.spec.results_dir.rstrip("/") + "/"
+    out = []
+    for path in paths:
+        if not path.startswith(results_dir) or not path.endswith(".json"):
+            continue
+        parts = path[len(results_dir):].split("/")
+        if len(parts) == 2 and RUN_ID_RE.match(parts[1][:-5]) and (plan.root / path).is_file():
+            out.append(load_record(plan.root / path))
+    return sorted(out, key=lambda r: r.order)
 
 
 def _kept(plan: Plan) -> str:

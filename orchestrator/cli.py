@@ -3,8 +3,8 @@
 Every command works on the git repository holding the current directory (or ``--repo ROOT``).
 Exit codes: see `EXIT_CODES` (also in ``orchestrate --help``). A closed output pipe
 (``orchestrate ... | head``) never gives a traceback: ``run`` keeps going with its output
-discarded (the run is still recorded and the plan rendered); a listing that cannot be written
-ends with 141.
+discarded (the run is still recorded and the plan rendered; what the gates print goes to the
+run's log file, never to this output); a listing that cannot be written ends with 141.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ Exit codes:
   2    refused: usage, plan order, stale run, bad spec, foreign sources, ...
        (the message says what to do); nothing was run
   3    a phase ran and is incomplete (gates skipped, e.g. no GPU here)
-  4    a phase ran but its record could not be written to the results
-       folder (disk full, read-only); it was saved elsewhere and the
-       message says where and how to bring it back
-  130  interrupted (Ctrl-C); nothing was recorded
+  4    a phase ran but its record could not be built or written to the
+       results folder (disk full, read-only, a check's figures JSON cannot
+       hold); it was saved elsewhere and the message says where
+  130  interrupted (Ctrl-C); nothing was recorded or committed
   141  the output pipe was closed (e.g. `orchestrate history phase1 | head`)"""
 
 
@@ -88,11 +88,12 @@ class _Group(click.Group):
     """Turns refusals, Ctrl-C and a closed output pipe into a message on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context):
+        from kdtree.orchestrator.git import CommitInterrupted  # noqa: PLC0415
         from kdtree.orchestrator.preflight import RecordNotWritten  # noqa: PLC0415
 
         try:
             return super().invoke(ctx)
-        except (Refusal, RunInterrupted, RecordNotWritten) as exc:
+        except (Refusal, RunInterrupted, RecordNotWritten, CommitInterrupted) as exc:
             say(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
@@ -136,10 +137,19 @@ def init(obj: Ctx, plan_id: str, title: str, package: str, phase: str) -> None:
     folder = Path(obj.repo_arg).expanduser() if obj.repo_arg else Path.cwd()
     if not folder.is_dir():
         raise Refusal(f"--repo {obj.repo_arg}: no such directory")
+    from kdtree.orchestrator.repo import find_git_root  # noqa: PLC0415
+
     done = init_project(folder.resolve(), plan_id, title, package, phase)
     for rel in done.written:
         say(f"wrote {rel}")
-    say(f"plan {done.plan_id} is ready. Next: `orchestrate run` (runs {phase}), `orchestrate status`, "
+    run_here = "`orchestrate run`" if obj.repo_arg is None else f"`orchestrate --repo {obj.repo_arg} run`"
+    if find_git_root(folder) is None:
+        say(f"plan {done.plan_id} is ready. Next: {run_here} (runs {phase}) and `orchestrate status`. "
+            "This folder is not in a git repository: runs record no commit and checkpoints need "
+            "one, so `git init`, commit, then `orchestrate checkpoint --commit`; "
+            "docs/orchestrator-guide.md explains each part")
+        return
+    say(f"plan {done.plan_id} is ready. Next: {run_here} (runs {phase}), `orchestrate status`, "
         "then commit and `orchestrate checkpoint --commit`; docs/orchestrator-guide.md explains each part")
 
 
@@ -172,6 +182,7 @@ def status(obj: Ctx, as_json: bool) -> None:
                                      for r in st.by_device],
                 "newer_partial_run": run_json(st.partial, st.phase.spec),
                 "not_deciding": st.not_deciding,
+                "unreadable": st.unreadable or None,
             } for st in statuses]}, indent=2))
         return
     from kdtree.orchestrator.display import print_status  # noqa: PLC0415
@@ -188,8 +199,10 @@ def _exit_code_of(state) -> int:
 def _warn_foreign_sources(plan) -> None:
     from kdtree.orchestrator.sources import foreign_sources  # noqa: PLC0415
 
-    for problem in foreign_sources(plan.root, [p.module for p in plan.phases]):
-        say(f"warning: {problem}; `run` and `checkpoint` refuse until then", err=True)
+    problems = foreign_sources(plan.root, [p.module for p in plan.phases])
+    if problems:  # one line: a non-editable install makes every declared package foreign at once
+        more = f" (and {len(problems) - 1} more packages like it)" if len(problems) > 1 else ""
+        say(f"warning: {problems[0]}{more}; `run` and `checkpoint` refuse until then", err=True)
 
 
 def _check_plan_markdown(plan) -> None:
@@ -223,6 +236,10 @@ def _render_after_run(plan, record) -> None:
         say(f"warning: run {record.run_id} was recorded, but the plan {plan.spec.markdown} could not "
             f"be written ({exc.strerror or exc}); {later}", err=True)
         return
+    except Exception as exc:  # noqa: BLE001 - the run is recorded; rendering is a separate step
+        say(f"warning: run {record.run_id} was recorded, but rendering the plan failed "
+            f"({type(exc).__name__}: {exc}); {later}", err=True)
+        return
     if changed:
         say(f"rendered {plan.spec.markdown}")
 
@@ -243,7 +260,19 @@ def _print_checkpoint(res) -> None:
         for row in res.files:
             say(f"  {row}")
     if res.left_out:
-        say("not committed (untracked; pass --include-untracked to add them): " + ", ".join(res.left_out))
+        say("not committed (untracked): " + ", ".join(res.left_out))
+        if any(_is_record(p) for p in res.left_out):
+            say("  pass --include-records to add the run records among them, or --include-untracked "
+                "to add every untracked file listed")
+        else:
+            say("  pass --include-untracked to add them")
+
+
+def _is_record(path: str) -> bool:
+    from kdtree.orchestrator.store import RUN_ID_RE  # noqa: PLC0415
+
+    stem, _, ext = path.rpartition("/")[2].rpartition(".")
+    return ext in ("json", "log") and bool(RUN_ID_RE.match(stem))
 
 
 @cli.command()
@@ -254,14 +283,18 @@ def _print_checkpoint(res) -> None:
               help="Run only this gate (repeatable). The run is recorded as partial and does not decide the phase's state.")
 @click.option("--commit", is_flag=True, help="Make a checkpoint commit after the run.")
 @click.option("--force", is_flag=True, help="Run even though an earlier phase is not passed-and-fresh (the run records what it overrode).")
+@click.option("--gate-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop a gate after this long (recorded as a timeout), unless its spec sets "
+                   "time_limit_s; default: gate_timeout_s in [tool.orchestrate], else no limit.")
 @wait_options
 @click.pass_obj
 def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], commit: bool, force: bool,
-        wait_s: Optional[float], no_wait: bool) -> None:
+        gate_timeout: Optional[float], wait_s: Optional[float], no_wait: bool) -> None:
     """Run PHASE's gates, record the run and re-render the plan.
 
     Without PHASE: run from the first phase that is not passed-and-fresh, in order, stopping at
-    the first that does not pass.
+    the first that does not pass. Gates run in the project root; what they print goes to the
+    run's log file (named in the record), not to this command's output.
     """
     from kdtree.orchestrator.display import RichReporter  # noqa: PLC0415
     from kdtree.orchestrator.runner import run_phase  # noqa: PLC0415
@@ -292,13 +325,15 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
             reporter = RichReporter()
             try:
                 record = run_phase(plan, phase_id, device=device, gates=gates, force=force,
-                                   reporter=reporter)
+                                   reporter=reporter, gate_timeout=gate_timeout,
+                                   warn=lambda m: say(f"warning: {m}", err=True))
             finally:
                 reporter.close()
             what = "partial run" if record.partial else "run"
             say(f"{phase_id}: {record.state.value} ({record.passed_count}/{len(record.results)} "
                 f"gates passed); {what} {record.run_id} recorded"
-                + (f", forced past {', '.join(record.forced_over)}" if record.forced else ""))
+                + (f", forced past {', '.join(record.forced_over)}" if record.forced else "")
+                + (f"; gate output in {record.log}" if record.log else ""))
             if record.inputs_changed_during_run:
                 from kdtree.orchestrator.evidence import changed_during_run  # noqa: PLC0415
 
@@ -323,12 +358,15 @@ def run(obj: Ctx, phase: Optional[str], device: str, gates: tuple[str, ...], com
 @click.option("-m", "--message", default=None, help="A paragraph to add below the generated subject.")
 @click.option("--include-untracked", is_flag=True,
               help="Also commit untracked files (listed otherwise; untracked inputs of the run are refused without it).")
+@click.option("--include-records", is_flag=True,
+              help="Also commit the untracked run records (and gate logs) of other phases, nothing else.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Checkpoint a run that skipped gates although a complete run of the same inputs exists.")
 @wait_options
 @click.pass_obj
 def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[str],
-               include_untracked: bool, allow_incomplete: bool, wait_s: Optional[float], no_wait: bool) -> None:
+               include_untracked: bool, include_records: bool, allow_incomplete: bool,
+               wait_s: Optional[float], no_wait: bool) -> None:
     """Re-render the plan, add CHANGELOG entries for newly passed phases, optionally commit.
 
     The commit holds the plan, the run records, the changelog and the phase's changed input
@@ -340,8 +378,8 @@ def checkpoint(obj: Ctx, phase: Optional[str], commit: bool, message: Optional[s
     wait = _wait_of(wait_s, no_wait)
     plan = obj.plan
     with obj.lock(wait):
-        res = do_checkpoint(plan, phase, commit=commit, note=message,
-                            include_untracked=include_untracked, allow_incomplete=allow_incomplete)
+        res = do_checkpoint(plan, phase, commit=commit, note=message, include_untracked=include_untracked,
+                            allow_incomplete=allow_incomplete, include_records=include_records)
     _print_checkpoint(res)
     if not commit:
         say(f"checkpoint of {res.phase} (run {res.run_id}) prepared; pass --commit to commit it")
@@ -408,8 +446,9 @@ def replay(obj: Ctx, phase: str, gate: str, run_id: Optional[str], seeds: tuple[
 
 @cli.command()
 @click.option("--check", is_flag=True, help="Exit 1 if the plan markdown is out of date with the recorded runs (CI).")
+@wait_options
 @click.pass_obj
-def plan(obj: Ctx, check: bool) -> None:
+def plan(obj: Ctx, check: bool, wait_s: Optional[float], no_wait: bool) -> None:
     """Re-render the plan markdown's orchestrator blocks from the recorded runs."""
     from kdtree.orchestrator.markers import find_blocks, split_lines  # noqa: PLC0415
     from kdtree.orchestrator.render import rendered_plan, write_plan  # noqa: PLC0415
@@ -427,9 +466,24 @@ def plan(obj: Ctx, check: bool) -> None:
         say(f"{p.spec.markdown} is out of date with the recorded runs (blocks: {', '.join(stale)}); "
             "run `orchestrate plan` to re-render it", err=True)
         sys.exit(EXIT_NOT_PASSED)
-    with obj.lock():
+    with obj.lock(_wait_of(wait_s, no_wait)):
         changed = write_plan(p)
     say(f"rendered {p.spec.markdown}" if changed else f"{p.spec.markdown} is up to date")
+
+
+@cli.command()
+@click.option("--out", "out", default=None, metavar="FILE",
+              help="Write the page here (default: report.html in the results folder).")
+@click.pass_obj
+def report(obj: Ctx, out: Optional[str]) -> None:
+    """Write the plan as one self-contained HTML page: phases, gates, figures against thresholds
+    and targets, and a chart of each key figure and target across the recorded runs."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from kdtree.orchestrator.report import shown_path, write_report  # noqa: PLC0415
+
+    path, page = write_report(obj.plan, Path(out).expanduser() if out else None)
+    say(f"wrote {shown_path(path)}: {len(page.phases)} phase(s), {page.charts} chart(s)")
 
 
 def _reopen_closed_streams() -> None:

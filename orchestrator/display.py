@@ -13,30 +13,54 @@ from kdtree.orchestrator.targets import target_text
 from kdtree.orchestrator.views import key_figure_text, targets_view, when
 
 STYLE = {"passed": "green", "failed": "red", "error": "bold red", "not-implemented": "red",
-         "skipped": "yellow", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
+         "skipped": "yellow", "timeout": "bold red", "incomplete": "yellow", "stale": "magenta", "pending": "dim",
          "met": "green", "not met": "yellow", "not measured": "dim"}
 
 
-def console(stderr: bool = False, keep_going: bool = False):
+def console(stderr: bool = False, keep_going: bool = False, file=None):
     """A rich console. When its reader goes away (``| head``), later output is discarded and a
     listing ends with BrokenPipeError (the CLI exits 141), or, with ``keep_going`` (a run's live
-    display), the command goes on silently. Rich's own default would exit 1 ("not passed")."""
+    display), the command goes on silently. Rich's own default would exit 1 ("not passed").
+    ``file``: write there instead of the current stdout/stderr."""
     from rich.console import Console  # noqa: PLC0415
 
     from kdtree.orchestrator.terminal import silence_stdout  # noqa: PLC0415
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
-            silence_stdout(err=stderr)
+            if file is None:
+                silence_stdout(err=stderr)
             self.quiet = True
             if not keep_going:
                 raise BrokenPipeError("the output pipe was closed")
 
-    return _Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True, file=file)
+
+
+def _own_stdout():
+    """A stream on a copy of stdout's file descriptor, made now: a gate's output, which is sent
+    to the run's log while it runs (fd 1 included), never reaches it, and the live display
+    never reaches the log. The current ``sys.stdout`` when it has no descriptor (a test runner)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    try:
+        fd = os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        return sys.stdout
+    return os.fdopen(fd, "w", encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
+                     errors="replace", closefd=True)
+
+
+def listing_console():
+    """The console of the listings: rich's markup without importing rich (it starts fast)."""
+    from kdtree.orchestrator.markup import MarkupConsole  # noqa: PLC0415
+
+    return MarkupConsole()
 
 
 def _styled(word: str, width: int = 0) -> str:
-    from rich.markup import escape  # noqa: PLC0415
+    from kdtree.orchestrator.markup import escape  # noqa: PLC0415 - rich's grammar, without rich
 
     style = STYLE.get(word, "")
     padded = escape(word.ljust(width))
@@ -44,7 +68,7 @@ def _styled(word: str, width: int = 0) -> str:
 
 
 def _esc(text: str) -> str:
-    from rich.markup import escape  # noqa: PLC0415
+    from kdtree.orchestrator.markup import escape  # noqa: PLC0415 - rich's grammar, without rich
 
     return escape(text)
 
@@ -96,7 +120,7 @@ def _device_rows(out, st: PhaseStatus) -> None:
 
 def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> None:
     """The human `status` listing: one block per phase, one line per gate and target."""
-    out = console()
+    out = listing_console()
     out.print(f"[bold]plan {_esc(plan_id)}[/bold]  ({_esc(markdown)})")
     for st in statuses:
         spec, rec = st.phase.spec, st.record
@@ -105,6 +129,8 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
             head += (f"  deciding run {_esc(when(rec))}  {_esc(rec.git.short)}  {_esc(rec.device.label)}"
                      + ("  [bold]forced[/bold]" if rec.forced else ""))
         out.print(head)
+        if st.unreadable:
+            out.print(f"    [bold red]unreadable:[/bold red] {_esc(st.unreadable)}")
         for reason in st.stale_reasons:
             out.print(f"    [magenta]stale:[/magenta] {_esc(reason)}")
         for note in st.not_deciding:
@@ -119,7 +145,7 @@ def print_status(statuses: list[PhaseStatus], plan_id: str, markdown: str) -> No
 
 def print_history(phase: str, records: list[RunRecord], spec: Optional[PhaseSpec] = None) -> None:
     """`history PHASE`: every run, oldest first, with its gates' key figures and targets."""
-    out = console()
+    out = listing_console()
     if not records:
         out.print(f"{_esc(phase)}: no runs recorded")
         return
@@ -141,9 +167,11 @@ class RichReporter:
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-        self.console = console(keep_going=True)
+        self._out = _own_stdout()
+        self.console = console(keep_going=True, file=self._out)
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TimeElapsedColumn(), console=self.console, transient=True)
+                                 TimeElapsedColumn(), console=self.console, transient=True,
+                                 redirect_stdout=False, redirect_stderr=False)
         self.task: Optional[int] = None
         self.width = 0
 
@@ -171,3 +199,10 @@ class RichReporter:
 
     def close(self) -> None:
         self.progress.stop()
+        import sys  # noqa: PLC0415
+
+        if self._out is not sys.stdout:
+            try:
+                self._out.close()
+            except OSError:  # its reader went away: nothing left to say to it
+                pass

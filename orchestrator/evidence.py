@@ -1,11 +1,19 @@
 """Which recorded run decides a phase's state, and the latest run on each device.
 
-The newest full run decides, with one exception: a run that skipped gates (say on a machine
-without a GPU) never overrides an earlier full run of the same code and spec (same inputs hash
-and spec hash) that ran more of them. Among the runs of the newest run's code and spec, the one
-with the fewest skipped gates decides, the newest of those on a tie. Once the code or the spec
-changes, the newest run decides again, whatever it skipped. Partial runs (``--gate``) never
-decide. This is a function of the records alone, so the plan renders the same everywhere.
+"Newest" is by the records' order (`RunRecord.order`: the per-repository sequence number, not a
+clock). The newest full run decides, with two rules for runs of the same code and spec (same
+inputs hash and spec hash):
+
+- a run that skipped gates (say on a machine without a GPU) never overrides an earlier full run
+  of that code that ran more of them: among the runs of the newest run's code and spec, the one
+  with the fewest skipped gates decides, the newest of those on a tie;
+- but a run in which a gate failed (state ``failed`` or ``error``) is never outranked by an
+  older run: when one is newer than that candidate, the newest such run decides, whatever it
+  skipped.
+
+Once the code or the spec changes, the newest run decides again, whatever it skipped. Partial
+runs (``--gate``) never decide. This is a function of the records alone, so the plan renders the
+same everywhere.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from __future__ import annotations
 from typing import Optional
 
 from kdtree.gates.base import Outcome
-from kdtree.orchestrator.specs import RunRecord
+from kdtree.orchestrator.specs import PhaseState, RunRecord
+
+FAILING = (PhaseState.FAILED, PhaseState.ERROR)
 
 
 def skipped(record: RunRecord) -> int:
@@ -47,7 +57,9 @@ def deciding_run(records: list[RunRecord]) -> Optional[RunRecord]:
         return None
     peers = [r for r in full if same_code(r, full[-1])]
     fewest = min(skipped(r) for r in peers)
-    return [r for r in peers if skipped(r) == fewest][-1]
+    chosen = [r for r in peers if skipped(r) == fewest][-1]
+    failing = [r for r in peers if r.state in FAILING and r.order > chosen.order]
+    return failing[-1] if failing else chosen
 
 
 def latest_by_device(records: list[RunRecord]) -> list[RunRecord]:
@@ -60,12 +72,12 @@ def latest_by_device(records: list[RunRecord]) -> list[RunRecord]:
     decider = deciding_run(records)
     if decider is not None and all(r.run_id != decider.run_id for r in rows):
         rows.append(decider)
-    return sorted(rows, key=lambda r: (r.started_at, r.run_id), reverse=True)
+    return sorted(rows, key=lambda r: r.order, reverse=True)
 
 
 def complete_peer(record: RunRecord, records: list[RunRecord]) -> Optional[RunRecord]:
     """The newest full run of ``record``'s code and spec that skipped no gate, if ``record`` skipped any."""
-    if not skipped(record):
+    if not skipped(record) or deciding_run(records) is record:
         return None
     peers = [r for r in full_runs(records) if same_code(r, record) and not skipped(r)
              and not r.inputs_changed_during_run]
@@ -76,10 +88,13 @@ def why_not_deciding(record: RunRecord, decider: RunRecord) -> str:
     """Why ``record`` does not decide the state while ``decider`` does (for the listings)."""
     if record.inputs_changed_during_run:
         return changed_during_run(record)
+    if same_code(record, decider) and decider.state in FAILING and decider.order > record.order:
+        return (f"run {decider.run_id} is newer and a gate failed in it on the same inputs "
+                f"({decider.state.value})")
     if same_code(record, decider) and skipped(record) > skipped(decider):
         return (f"it skipped {skipped(record)} gate(s) that run {decider.run_id} ran on the same "
                 "inputs")
-    if (record.started_at, record.run_id) < (decider.started_at, decider.run_id):
+    if record.order < decider.order:
         return f"run {decider.run_id} is newer"
     return (f"it tested other inputs or another spec than the newest full run, whose code run "
             f"{decider.run_id} decides")

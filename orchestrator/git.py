@@ -130,6 +130,76 @@ class IndexSnapshot:
             atomic_write_bytes(self.path, self.data)
 
 
+class CommitInterrupted(Exception):
+    """Ctrl-C while ``git commit`` ran: git was stopped and the index restored, or git had
+    already made the commit, which then stays. Exit 130."""
+
+    exit_code = 130
+
+
+def commit_unit(root: Path, message: str, index: IndexSnapshot) -> None:
+    """``git commit -q -F -`` with ``message``, as one unit with restoring ``index``.
+
+    git runs in its own process group, so a Ctrl-C meant for orchestrate is handled here: git
+    and its hooks are stopped and waited for before anything else happens, then the index is
+    restored if no commit was made (`CommitInterrupted` says which). A failed commit restores
+    the index and raises `GitError`. git never goes on alone to commit an index being restored.
+    """
+    import signal  # noqa: PLC0415
+
+    from git.cmd import Git  # noqa: PLC0415
+
+    before = head_commit(root)
+    args = ("commit", "-q", "-F", "-")
+    with tempfile.TemporaryFile() as istream:
+        istream.write(message.encode("utf-8"))
+        istream.seek(0)
+        try:
+            handle = Git(str(root)).execute(["git", *args], istream=istream, as_process=True,
+                                            start_new_session=True)
+        except OSError as exc:
+            index.restore()
+            raise GitError(args, None, f"{exc} (is git installed and on PATH?)") from None
+        proc = handle.proc
+        try:
+            _, err = proc.communicate()
+        except KeyboardInterrupt:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                _stop_group(proc)
+                after = head_commit(root)
+                if after != before:
+                    raise CommitInterrupted(
+                        f"interrupted (Ctrl-C), but git had already made the commit {after[:12]}; it "
+                        "stays, and the index matches it") from None
+                index.restore()
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            raise CommitInterrupted("interrupted (Ctrl-C) while git commit ran: git and its hooks "
+                                    "were stopped, nothing was committed and the index is as it was "
+                                    "before the checkpoint") from None
+    if proc.returncode != 0:
+        index.restore()
+        raise GitError(args, proc.returncode, (err or b"").decode("utf-8", "replace"))
+
+
+def _stop_group(proc) -> None:
+    """Stop ``proc`` and its process group (SIGTERM, then SIGKILL) and wait for it."""
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def describe_commit_failure(exc: GitError) -> str:
     """What went wrong at ``git commit`` and what to do, from git's message."""
     err = exc.stderr

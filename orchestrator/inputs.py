@@ -11,7 +11,10 @@ difference means the files changed while the gates ran, even when an edit was re
 the end (the content hash alone would not see it; the ctime does, since no write leaves it).
 
 Globs are relative to the repo root: ``*`` and ``?`` stay within one path segment, ``**`` spans
-any number of segments (``kernels/csrc/**`` is everything below ``kernels/csrc``).
+any number of segments (``kernels/csrc/**`` is everything below ``kernels/csrc``). A glob that
+begins with ``!`` excludes what it matches: the orchestrator's own outputs (the results folder,
+the plan markdown, the changelog) are always excluded that way (`kdtree.orchestrator.plan.Plan.
+input_globs`), so that ``inputs = ["**"]`` is not made stale by its own run.
 """
 
 from __future__ import annotations
@@ -81,10 +84,22 @@ def candidate_files(root: Path, is_git: bool) -> list[str]:
     return sorted(found)
 
 
+def matcher(globs: list[str]):
+    """A predicate: is a path matched by one of ``globs`` and by none of its ``!`` globs?"""
+    take = [glob_regex(g) for g in globs if not g.startswith("!")]
+    drop = [glob_regex(g[1:]) for g in globs if g.startswith("!")]
+    return lambda path: any(r.match(path) for r in take) and not any(r.match(path) for r in drop)
+
+
 def match_inputs(files: list[str], globs: list[str]) -> list[str]:
-    """The files matched by any of ``globs``, sorted."""
-    regexes = [glob_regex(g) for g in globs]
-    return [f for f in files if any(r.match(f) for r in regexes)]
+    """The files matched by any of ``globs`` (less those its ``!`` globs match), in order."""
+    wanted = matcher(globs)
+    return [f for f in files if wanted(f)]
+
+
+def unmatched_globs(files: list[str], globs: list[str]) -> list[str]:
+    """The (non-``!``) globs that match none of ``files``."""
+    return [g for g in globs if not g.startswith("!") and not any(glob_regex(g).match(f) for f in files)]
 
 
 def hash_files(root: Path, paths: list[str]) -> str:
@@ -102,16 +117,27 @@ def _git_names(root: Path, *args: str) -> list[str]:
     return nul_list(run_git(root, *args))
 
 
-def changed_since(root: Path, commit: str, globs: list[str], current: list[str]) -> Optional[list[str]]:
-    """The input files (matched by ``globs``) that differ between ``commit`` and the working tree:
-    edited, added (untracked ones included) or removed; ``current`` is today's list of inputs.
-    None when git cannot say (no git binary, a commit this clone does not have)."""
+def changes_since(root: Path, commit: str) -> Optional[tuple[list[str], list[str]]]:
+    """(files in ``commit``'s tree, files that differ between it and the working tree), or None
+    when git cannot say (no git binary, a commit this clone does not have)."""
     try:
-        then = set(match_inputs(_git_names(root, "ls-tree", "-r", "-z", "--name-only", commit), globs))
-        edited = set(match_inputs(_git_names(root, "diff", "--relative", "--name-only", "-z", commit, "--"),
-                                  globs))
+        return (_git_names(root, "ls-tree", "-r", "-z", "--name-only", commit),
+                _git_names(root, "diff", "--relative", "--name-only", "-z", commit, "--"))
     except GitError:
         return None
+
+
+def changed_since(root: Path, commit: str, globs: list[str], current: list[str],
+                  listings: Optional[tuple[list[str], list[str]]] = None) -> Optional[list[str]]:
+    """The input files (matched by ``globs``) that differ between ``commit`` and the working tree:
+    edited, added (untracked ones included) or removed; ``current`` is today's list of inputs;
+    ``listings``: `changes_since` of that commit, when already known.
+    None when git cannot say (no git binary, a commit this clone does not have)."""
+    listings = listings if listings is not None else changes_since(root, commit)
+    if listings is None:
+        return None
+    then = set(match_inputs(listings[0], globs))
+    edited = set(match_inputs(listings[1], globs))
     now = set(current)
     return sorted((edited & (then | now)) | (then ^ now))
 
@@ -159,13 +185,18 @@ class InputsIndex:
     def __init__(self, root: Path, is_git: bool):
         self.root, self.is_git = root, is_git
         self.files = candidate_files(root, is_git)
+        self._since: dict[str, Optional[tuple[list[str], list[str]]]] = {}  # per commit: phases share it
 
     def inputs_of(self, globs: list[str]) -> list[str]:
         return match_inputs(self.files, globs)
 
     def changed_since(self, commit: str, globs: list[str]) -> Optional[list[str]]:
         """`changed_since` for this tree (None outside a git repository)."""
-        return changed_since(self.root, commit, globs, self.inputs_of(globs)) if self.is_git else None
+        if not self.is_git:
+            return None
+        if commit not in self._since:
+            self._since[commit] = changes_since(self.root, commit)
+        return changed_since(self.root, commit, globs, self.inputs_of(globs), self._since[commit])
 
     def observe(self, globs: list[str]) -> Observation:
         """The inputs' hash and stamps now: stamps before and after hashing, so a write while

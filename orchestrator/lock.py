@@ -9,7 +9,9 @@ process that died is therefore stale: its lock is free, and the next command tak
 a warning naming the dead pid. The holder removes its holder file when it is done.
 
 ``wait``: None waits as long as it takes (saying once who holds the lock; Ctrl-C stops the
-wait), a number of seconds waits that long, 0 refuses at once; a refusal names the holder.
+wait), a number of seconds waits that long, 0 refuses at once; a refusal names the holder. A
+holder that is an ancestor of this process (a gate that runs ``orchestrate run`` or ``plan``)
+would never let go while we wait: that is refused at once, naming it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,35 @@ def describe_holder(holder: Optional[dict]) -> str:
     return text
 
 
+def ancestors(pid: Optional[int] = None) -> list[int]:
+    """The pids of ``pid``'s parent, its parent, ... up to init (empty where /proc cannot tell)."""
+    out: list[int] = []
+    current = os.getpid() if pid is None else pid
+    while current > 1 and len(out) < 256:
+        try:
+            with open(f"/proc/{current}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            if current == os.getpid():
+                parent = os.getppid()
+            else:
+                break
+        if parent <= 0 or parent in out:
+            break
+        out.append(parent)
+        current = parent
+    return out
+
+
+def held_by_ancestor(holder: Optional[dict]) -> bool:
+    """Whether ``holder`` (a holder file's content) is a process this one descends from."""
+    if not holder or holder.get("host") != socket.gethostname():
+        return False
+    pid = holder.get("pid")
+    return isinstance(pid, int) and pid in ancestors()
+
+
 class RunLock:
     """``with RunLock(path, warn=print, wait=None): ...`` holds the lock, waiting as ``wait`` says."""
 
@@ -104,6 +135,12 @@ class RunLock:
             try:
                 lock.acquire(timeout=0)
             except filelock.Timeout:
+                holder = read_holder(self.holder_path)
+                if held_by_ancestor(holder):
+                    raise Refusal(f"the run lock {self.path} is held by {describe_holder(holder)}, an "
+                                  "ancestor of this process: a gate (or a script it started) runs "
+                                  "orchestrate while orchestrate runs it, and waiting would never "
+                                  "end. Do not run orchestrate from inside a gate") from None
                 if self.wait is not None and self.wait <= 0:
                     raise self._refuse(0) from None
                 how = "as long as it takes (Ctrl-C stops)" if self.wait is None else f"up to {self.wait:g} s"

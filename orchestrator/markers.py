@@ -50,6 +50,8 @@ def find_blocks(text: str, where: str = "plan") -> list[Block]:
     fence = ""  # the open code fence ("```", "~~~~", ...), empty outside one
     for i, raw in enumerate(split_lines(text)):
         line = raw.rstrip("\r\n")
+        if i == 0:
+            line = line.lstrip("\ufeff")  # a byte order mark is not part of the first line's text
         f = _FENCE.match(line)
         if fence:
             if f and f.group(1)[0] == fence[0] and len(f.group(1)) >= len(fence) and not f.group(2).strip():

@@ -111,6 +111,12 @@ class Plan:
     def changelog_path(self) -> Path:
         return self.root / self.spec.changelog
 
+    def input_globs(self, phase: Phase) -> list[str]:
+        """The phase's input globs, less the orchestrator's own outputs (the results folder, the
+        plan markdown, the changelog), which are never inputs: a run must not make its phase stale."""
+        return [*phase.spec.inputs, f"!{self.spec.results_dir.rstrip('/')}/**",
+                f"!{self.spec.markdown}", f"!{self.spec.changelog}"]
+
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     """One line per problem, each with its field path (``gates.0.max_rel_l2: ...``)."""

@@ -105,20 +105,43 @@ def write_record(plan: Plan, store: ResultStore, record: RunRecord) -> Path:
         return store.write(record)
     except OSError as exc:
         error = f"{store.path_of(record)}: {_why(exc)}"
+    except Exception as exc:  # noqa: BLE001 - the gates ran: any failure here rescues the record
+        error = f"{store.path_of(record)}: {type(exc).__name__}: {exc}"
     text = record.model_dump_json(indent=2) + "\n"
-    home = store.phase_dir(record.phase)
     head = (f"run {record.run_id} of {record.phase} ran its gates ({record.state.value}, "
             f"{record.passed_count}/{len(record.results)} passed) but its record could not be written "
             f"({error}).")
+    _rescue(store.phase_dir(record.phase), record.phase, record.run_id, text, head,
+            "render the plan with `orchestrate plan`")
+
+
+def rescue_results(plan: Plan, phase: str, run_id: str, results: list, exc: BaseException) -> None:
+    """The gates ran but no record could be built from what they returned: save their results
+    (as JSON, anything unknown as text) with the error, and raise `RecordNotWritten`."""
+    import json  # noqa: PLC0415
+
+    data = {"phase": phase, "run_id": run_id, "error": f"{type(exc).__name__}: {exc}",
+            "results": [r.model_dump(mode="python") for r in results]}
+    text = json.dumps(data, indent=2, default=repr) + "\n"
+    head = (f"run {run_id} of {phase} ran its gates, but no record could be made of what they "
+            f"returned ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}).")
+    _rescue(None, phase, run_id, text, head,
+            "it is not a run record; fix the check so that it returns JSON-able figures and details, "
+            "and run again")
+
+
+def _rescue(home: Optional[Path], phase: str, run_id: str, text: str, head: str, then: str) -> None:
     for folder in rescue_dirs():
-        target = folder / record.phase / f"{record.run_id}.json"
+        target = folder / phase / f"{run_id}.json"
         try:
             atomic_write_text(target, text)
         except OSError:
             continue
-        raise RecordNotWritten(
-            f"{head} The record is saved at {target}. Once the results folder is writable, bring it "
-            f"back with `mkdir -p {home} && mv {target} {home}/` and render the plan with "
-            "`orchestrate plan`")
+        if home is not None:
+            raise RecordNotWritten(
+                f"{head} The record is saved at {target}. Once the results folder is writable, bring "
+                f"it back with `mkdir -p {home} && mv {target} {home}/` and {then}")
+        raise RecordNotWritten(f"{head} What the gates returned is saved at {target}; {then}")
+    where = f" Save it as {home}/{run_id}.json" if home is not None else ""
     raise RecordNotWritten(f"{head} No fallback folder took it either ({', '.join(map(str, rescue_dirs()))}); "
-                           f"the record follows. Save it as {home}/{record.run_id}.json:\n{text}")
+                           f"it follows.{where}:\n{text}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kdtree.orchestrator.evidence import deciding_run, latest_by_device, skipped, why_not_deciding
+from kdtree.orchestrator.errors import Refusal
 from kdtree.orchestrator.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import MarkerError, replace_blocks
 from kdtree.orchestrator.plan import Plan
@@ -128,5 +129,10 @@ def write_plan(plan: Plan, store: ResultStore | None = None) -> bool:
     current, new = rendered_plan(plan, store)
     if new == current:
         return False
-    atomic_write_text(plan.markdown_path, new)
+    try:
+        atomic_write_text(plan.markdown_path, new)
+    except OSError as exc:
+        raise Refusal(f"the plan markdown {plan.markdown_path} cannot be written "
+                      f"({exc.strerror or exc}); make it and its folder writable (an immutable file: "
+                      "`lsattr` shows `i`, `chattr -i` clears it), then run `orchestrate plan`") from None
     return True

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 from kdtree.gates.base import GateContext, GateResult, run_check
 from kdtree.orchestrator import device as device_facts
 from kdtree.orchestrator.errors import Refusal
+from kdtree.orchestrator.gatecall import in_project
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.sources import require_own_sources
 from kdtree.orchestrator.store import ResultStore
@@ -36,8 +37,13 @@ def recorded_seeds(plan: Plan, phase_id: str, gate: str, run_id: str) -> list[in
     if seeds is None and "seed" in result.details:
         seeds = [result.details["seed"]]
     if not seeds:
-        raise Refusal(f"run {record.run_id}: gate {gate!r} recorded no seeds (runs before seeds were kept "
-                      "cannot be replayed); pass the seeds with --seed if you know them")
+        if record.schema_version >= 3:  # written when every seed drawn was kept
+            raise Refusal(f"run {record.run_id}: gate {gate!r} drew no random seeds, so there is nothing "
+                          f"to replay: it measures the same inputs every time. Run it again with "
+                          f"`orchestrate run {phase_id} --gate {gate}`")
+        raise Refusal(f"run {record.run_id}: gate {gate!r} recorded no seeds: it drew none (then "
+                      f"`orchestrate run {phase_id} --gate {gate}` measures the same inputs again), or "
+                      "the run predates kept seeds; pass the seeds with --seed if you know them")
     return [int(s) for s in seeds]
 
 
@@ -52,7 +58,8 @@ def replay_gate(plan: Plan, phase_id: str, gate: str, seeds: Sequence[int], devi
     resolved = device_facts.resolve_device(device)
     ctx = GateContext(device=resolved, requested_device=device, repo_root=plan.root,
                       replay_seeds=[int(s) for s in seeds], **({"progress": progress} if progress else {}))
-    return run_check(phase.spec.gate(gate), phase.checks.get(gate), ctx)
+    with in_project(plan.root):  # where `run` runs it, whatever folder the command was typed in
+        return run_check(phase.spec.gate(gate), phase.checks.get(gate), ctx)
 
 
 def replay_note(result: GateResult, seeds: Sequence[int]) -> Optional[str]:

@@ -49,7 +49,8 @@ def resolve_root(repo: Optional[str], cwd: Optional[Path] = None) -> RepoRoot:
     Without ``--repo``: the nearest folder between the cwd and its git repository's root whose
     ``pyproject.toml`` has ``[tool.orchestrate]`` (a subproject of a monorepo works from
     anywhere inside it); the repository root when none has one (loading the plan then refuses
-    and names ``orchestrate init``).
+    and names ``orchestrate init``). Outside any git repository, the nearest such folder from
+    the cwd upward, taken as ``--repo`` takes a copied tree.
 
     ``--repo`` names a project folder: one with ``[tool.orchestrate]`` in its pyproject (inside
     a git repository or not), a repository root (a folder with its own ``.git``), or a folder
@@ -76,6 +77,10 @@ def resolve_root(repo: Optional[str], cwd: Optional[Path] = None) -> RepoRoot:
     here = (Path.cwd() if cwd is None else cwd).resolve()
     root = find_git_root(here)
     if root is None:
-        raise Refusal(f"not inside a git repository (searched upward from {here}); "
-                      "run this inside the repository or pass --repo PATH")
+        project = find_project(here, None)
+        if project is not None:  # a project outside any repository, as --repo takes it
+            return RepoRoot(project, False)
+        raise Refusal(f"not inside a git repository, and no pyproject.toml with [tool.orchestrate] "
+                      f"from {here} upward; run this inside the project (`orchestrate init` makes "
+                      "one) or pass --repo PATH")
     return RepoRoot(find_project(here, root) or root, True)

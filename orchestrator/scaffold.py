@@ -2,7 +2,12 @@
 
 It writes, refusing to overwrite anything:
 
-- a ``[tool.orchestrate]`` table in the folder's ``pyproject.toml`` (created if absent),
+- a ``[tool.orchestrate]`` table in the folder's ``pyproject.toml`` (created if absent), edited
+  with tomlkit so the rest of the file keeps its formatting, comments and line endings (CRLF
+  stays CRLF); a pyproject that is not valid TOML, or that already has ``tool.orchestrate`` in
+  any form (a table, a sub-table, an inline table), is refused and left as it was,
+- ``.gitignore`` entries for virtual environments and caches (``.venv/``, ``venv/``,
+  ``__pycache__/``), added to the file's end when missing, so ``git add -A`` does not commit them,
 - the plan markdown ``plans/<id>.md`` with its orchestrator-owned blocks,
 - a phase package ``<package>/`` with one phase module: a metric gate with two thresholds
   (which decide) and a target (recorded, never blocking) and the check that measures them.
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.orchestrator.fsutil import atomic_write_bytes, atomic_write_text
 from kdtree.orchestrator.plan import has_plan_config
 
 PHASE_TEMPLATE = '''"""Phase {phase}: Python's sorted() orders fresh random lists, fast enough.
@@ -90,16 +95,6 @@ phase proves. `orchestrate` rewrites only the text between a block's begin and e
 <!-- orchestrate:end results-{phase} -->
 """
 
-TABLE_TEMPLATE = """
-[tool.orchestrate]
-id = "{plan_id}"
-title = "{title}"
-markdown = "{markdown}"
-phases = ["{package}.{phase}"]
-# results_dir = "plans/results"  (run records, one JSON file per run)
-# changelog = "CHANGELOG.md"     (a line per phase that newly passed, at checkpoints)
-"""
-
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PHASE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -145,15 +140,91 @@ def init_project(folder: Path, plan_id: str = "", title: str = "", package: str 
         raise Refusal(f"orchestrate init would overwrite {', '.join(taken)} in {folder}; move them "
                       "away or choose other names (--id, --package, --phase)")
     pyproject = folder / "pyproject.toml"
-    current = pyproject.read_text(encoding="utf-8") if pyproject.is_file() else ""
-    if current and not current.endswith("\n"):
-        current += "\n"
-    table = TABLE_TEMPLATE.format(plan_id=plan_id, title=title, markdown=markdown, package=package,
-                                  phase=phase)
+    new_pyproject = with_plan_table(pyproject, plan_id=plan_id, title=title, markdown=markdown,
+                                    package=package, phase=phase)
+    ignore_path = folder / ".gitignore"
+    new_ignore = with_ignores(ignore_path)
     try:
         for rel, text in files.items():
             atomic_write_text(folder / rel, text)
-        atomic_write_text(pyproject, current + (table if current else table.lstrip("\n")))
+        atomic_write_bytes(pyproject, new_pyproject)
+        if new_ignore is not None:
+            atomic_write_bytes(ignore_path, new_ignore)
     except OSError as exc:
         raise Refusal(f"orchestrate init could not write in {folder}: {exc.strerror or exc}") from None
-    return Scaffold(written=["pyproject.toml", *files], plan_id=plan_id)
+    written = ["pyproject.toml", *files] + ([".gitignore"] if new_ignore is not None else [])
+    return Scaffold(written=written, plan_id=plan_id)
+
+
+IGNORED = (".venv/", "venv/", "__pycache__/")
+
+
+def _newline(data: bytes) -> bytes:
+    return b"\r\n" if b"\r\n" in data else b"\n"
+
+
+def with_ignores(path: Path) -> "bytes | None":
+    """``.gitignore``'s new bytes with the `IGNORED` entries it lacks (None: it has them all)."""
+    data = path.read_bytes() if path.is_file() else b""
+    have = {line.strip() for line in data.decode("utf-8", "replace").splitlines()}
+    missing = [e for e in IGNORED if e not in have and e.rstrip("/") not in have]
+    if not missing:
+        return None
+    nl = _newline(data)
+    head = data if not data or data.endswith(b"\n") else data + nl
+    block = [b"# virtual environments and caches (orchestrate init)"] + [e.encode() for e in missing]
+    return head + nl.join(block) + nl
+
+
+def with_plan_table(pyproject: Path, **values: str) -> bytes:
+    """``pyproject``'s new bytes with a ``[tool.orchestrate]`` table (see module docstring)."""
+    import tomlkit  # noqa: PLC0415
+    from tomlkit.exceptions import TOMLKitError  # noqa: PLC0415
+
+    data = pyproject.read_bytes() if pyproject.is_file() else b""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(f"{pyproject} is not UTF-8 (byte offset {exc.start}); fix it, then run "
+                      "`orchestrate init` again. Nothing was written") from None
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise Refusal(f"{pyproject} is not valid TOML ({exc}); fix it, then run `orchestrate init` "
+                      "again. Nothing was written") from None
+    tool = doc.get("tool")
+    if tool is not None and not isinstance(tool, dict):
+        raise Refusal(f"{pyproject}: `tool` is not a table; fix it, then run `orchestrate init` again")
+    if tool is not None and "orchestrate" in tool:
+        raise Refusal(f"{pyproject} already has tool.orchestrate; this project has a plan "
+                      "(`orchestrate status` shows it), or complete that table with id, title, "
+                      "markdown and phases (docs/orchestrator-guide.md). Nothing was written")
+    if isinstance(tool, tomlkit.items.InlineTable):
+        raise Refusal(f"{pyproject} writes `tool` as an inline table (`tool = {{ ... }}`), which "
+                      "cannot take a [tool.orchestrate] table; rewrite it as [tool.NAME] tables, "
+                      "then run `orchestrate init` again. Nothing was written")
+    table = tomlkit.table()
+    table.add("id", values["plan_id"])
+    table.add("title", values["title"])
+    table.add("markdown", values["markdown"])
+    table.add("phases", [f"{values['package']}.{values['phase']}"])
+    table.add(tomlkit.comment('results_dir = "plans/results"  (run records, one JSON file per run)'))
+    table.add(tomlkit.comment('changelog = "CHANGELOG.md"     (a line per phase that newly passed, at checkpoints)'))
+    if tool is None:
+        tool = tomlkit.table(is_super_table=True)
+        tool.add("orchestrate", table)
+        doc.add("tool", tool)
+    else:
+        tool.add("orchestrate", table)
+    out = tomlkit.dumps(doc)
+    if data.endswith(b"\n") or not data:
+        out = out if out.endswith("\n") else out + "\n"
+    try:
+        check = tomlkit.parse(out)["tool"]["orchestrate"]
+        assert check["id"] == values["plan_id"]
+    except (TOMLKitError, KeyError, AssertionError):  # never write a file that would not load
+        raise Refusal(f"orchestrate init could not add [tool.orchestrate] to {pyproject} without "
+                      "breaking it; add the table by hand (docs/orchestrator-guide.md)") from None
+    if _newline(data) == b"\r\n":
+        out = out.replace("\r\n", "\n").replace("\n", "\r\n")
+    return out.encode("utf-8")

@@ -15,6 +15,7 @@ that maps its packages by symlinks into the repository's own folders passes.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -60,7 +61,17 @@ def import_locations(name: str) -> Optional[list[Path]]:
     """The folders package ``name`` imports from (None: it cannot be imported here)."""
     module = sys.modules.get(name)
     spec = getattr(module, "__spec__", None) if module is not None else None
-    if spec is None:
+    parent, _, last = name.rpartition(".")
+    if spec is None and parent and parent not in sys.modules:
+        # a subpackage: look in its parent's folders without importing the parent, whose
+        # __init__ may import torch (which `status` must not)
+        where = import_locations(parent)
+        if where is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(last, [str(p) for p in where])
+        if spec is None:
+            return None
+    elif spec is None:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):

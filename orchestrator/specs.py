@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from kdtree.gates.base import Comparator, GateResult, Outcome
 from kdtree.gates.spec import GateSpec, PhaseSpec  # noqa: F401 - re-exported
 
-SCHEMA_VERSION = 2  # 2: GitInfo.head / sha_source, RunRecord.targets (1 still loads)
+# 2: GitInfo.head / sha_source, RunRecord.targets; 3: RunRecord.seq and RunRecord.log (1 and 2
+# still load).
+SCHEMA_VERSION = 3
 
 
 class _Strict(BaseModel):
@@ -45,6 +47,9 @@ class PlanSpec(_Strict):
     phases: list[str] = Field(min_length=1)  # import paths, e.g. "kdtree.phases.phase1"
     results_dir: str = "plans/results"
     changelog: str = "CHANGELOG.md"
+    # Seconds any gate may run before it is stopped (a timeout outcome), unless the gate's spec
+    # names its own `time_limit_s` or the command line gives --gate-timeout; None: no limit.
+    gate_timeout_s: Optional[float] = Field(None, gt=0)
 
     @field_validator("markdown", "results_dir", "changelog")
     @classmethod
@@ -66,7 +71,7 @@ class PhaseState(str, enum.Enum):
     PENDING = "pending"  # no full run recorded
     PASSED = "passed"  # every gate passed
     FAILED = "failed"  # some gate failed or is not implemented
-    ERROR = "error"  # some gate raised / measured nothing
+    ERROR = "error"  # some gate raised / measured nothing / ran past its time limit
     INCOMPLETE = "incomplete"  # some gates skipped (e.g. no GPU), the rest passed
     STALE = "stale"  # passed/incomplete, but its inputs or spec changed since
 
@@ -76,7 +81,7 @@ def state_of(results: list[GateResult]) -> PhaseState:
     outcomes = {r.outcome for r in results}
     if not results:
         return PhaseState.ERROR
-    if Outcome.ERROR in outcomes:
+    if outcomes & {Outcome.ERROR, Outcome.TIMEOUT}:
         return PhaseState.ERROR
     if outcomes & {Outcome.FAILED, Outcome.NOT_IMPLEMENTED}:
         return PhaseState.FAILED
@@ -173,6 +178,13 @@ class RunRecord(BaseModel):
     schema_version: int = SCHEMA_VERSION
     phase: str
     run_id: str
+    # The run's place in this repository's history of runs (all phases): one more than the
+    # highest recorded when it was written. Runs are ordered by it, not by a clock that may be
+    # wrong; None in records written before it existed (they order by time, before any run
+    # that has one).
+    seq: Optional[int] = Field(None, ge=1)
+    # The gates' output (stdout and stderr), relative to the project root; None: they printed nothing.
+    log: Optional[str] = None
     state: PhaseState  # from the outcomes alone; staleness is judged later against the tree
     spec_hash: str
     spec: dict[str, Any]  # the PhaseSpec as run: every threshold the figures were held against
@@ -197,6 +209,12 @@ class RunRecord(BaseModel):
     @property
     def duration_s(self) -> float:
         return (self.ended_at - self.started_at).total_seconds()
+
+    @property
+    def order(self) -> tuple:
+        """The key runs are ordered by, oldest first: the sequence number where the record has
+        one (records without one come first, by time), then the start time and run id."""
+        return (self.seq is not None, self.seq or 0, self.started_at, self.run_id)
 
     def result(self, gate: str) -> Optional[GateResult]:
         for r in self.results:

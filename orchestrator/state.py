@@ -10,7 +10,8 @@ one of the same code and spec that ran them (`kdtree.orchestrator.evidence`).
   longer the one it saw.
 
 A partial run (``--gate``) never decides the state; it is shown beside it, and so is the latest
-full run on every device.
+full run on every device. A phase with a record written by a newer orchestrate is ``error``
+with `PhaseStatus.unreadable` saying so; the other phases are judged as usual.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kdtree.orchestrator.evidence import changed_during_run, deciding_run, full_runs, latest_by_device
-from kdtree.orchestrator.inputs import InputsIndex
+from kdtree.orchestrator.inputs import InputsIndex, unmatched_globs
 from kdtree.orchestrator.plan import Phase, Plan
 from kdtree.orchestrator.specs import PhaseState, RunRecord
-from kdtree.orchestrator.store import ResultStore
+from kdtree.orchestrator.store import NewerRecord, ResultStore
 
 
 @dataclass
@@ -41,6 +42,9 @@ class PhaseStatus:
     by_device: list[RunRecord] = field(default_factory=list)  # newest full run per device, newest first
     # Why newer full runs do not decide (their inputs changed while they ran), newest first.
     not_deciding: list[str] = field(default_factory=list)
+    # Why the phase's records cannot be read here (one was written by a newer orchestrate);
+    # the state is then ``error`` and nothing else about the phase is known.
+    unreadable: str = ""
 
     @property
     def passed_and_fresh(self) -> bool:
@@ -70,31 +74,38 @@ def stale_reasons(record: RunRecord, spec_hash: str, inputs_hash: str,
 _NAMED = 5  # changed input files a stale reason names
 
 
-def _changed_files(record: RunRecord, phase: Phase, index: InputsIndex) -> Optional[list[str]]:
+def _changed_files(record: RunRecord, globs: list[str], index: InputsIndex) -> Optional[list[str]]:
     """The phase's input files changed since the commit the record names, when it names one whose
     tree held the run's inputs (`GitInfo.sha_source`); None otherwise."""
     git = record.git
     if not git.sha or git.sha_source not in ("head", "checkpoint"):
         return None
-    return index.changed_since(git.sha, list(phase.spec.inputs))
+    return index.changed_since(git.sha, globs)
 
 
-def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseStatus:
-    """The status of one phase (see module docstring)."""
-    records = store.records(phase.id)
+def phase_status(phase: Phase, store: ResultStore, index: InputsIndex,
+                 globs: Optional[list[str]] = None) -> PhaseStatus:
+    """The status of one phase (see module docstring); ``globs``: its input globs (default: the
+    spec's, as `Plan.input_globs` gives them)."""
+    globs = list(phase.spec.inputs) if globs is None else globs
+    try:
+        records = store.records(phase.id)
+    except NewerRecord as exc:
+        return PhaseStatus(phase, PhaseState.ERROR, None, None, phase.spec.spec_hash(), "", 0,
+                           unreadable=str(exc))
     full = full_runs(records)
     record = deciding_run(records)
     partial = records[-1] if records and records[-1].partial else None
     spec_hash = phase.spec.spec_hash()
-    inputs_hash, n_files = index.hash_of(list(phase.spec.inputs))
-    after = [r for r in full if record is None or (r.started_at, r.run_id) > (record.started_at, record.run_id)]
+    inputs_hash, n_files = index.hash_of(globs)
+    after = [r for r in full if record is None or r.order > record.order]
     ignored = [f"run {r.run_id} does not decide: {changed_during_run(r)}; run "
                f"`orchestrate run {phase.id}` again" for r in reversed(after) if r.inputs_changed_during_run]
     if record is None:
         return PhaseStatus(phase, PhaseState.PENDING, None, partial, spec_hash, inputs_hash, n_files,
                            newest=full[-1] if full else None, by_device=latest_by_device(records),
                            not_deciding=ignored)
-    changed = _changed_files(record, phase, index) if record.inputs_hash != inputs_hash else None
+    changed = _changed_files(record, globs, index) if record.inputs_hash != inputs_hash else None
     reasons = stale_reasons(record, spec_hash, inputs_hash, changed)
     state = record.state
     if reasons and state in (PhaseState.PASSED, PhaseState.INCOMPLETE):
@@ -105,10 +116,14 @@ def phase_status(phase: Phase, store: ResultStore, index: InputsIndex) -> PhaseS
 
 def plan_status(plan: Plan, store: Optional[ResultStore] = None,
                 index: Optional[InputsIndex] = None) -> list[PhaseStatus]:
-    """Every phase's status, in plan order."""
+    """Every phase's status, in plan order. An input glob that matches no file is a warning."""
     store = store or ResultStore(plan.results_path)
     index = index or InputsIndex(plan.root, plan.is_git)
-    return [phase_status(p, store, index) for p in plan.phases]
+    for p in plan.phases:
+        for glob in unmatched_globs(index.files, list(p.spec.inputs)):
+            store.warn(f"phase {p.id}: its inputs glob {glob!r} matches no file (a typo, or files git "
+                       "ignores?); its runs do not depend on what it was meant to match")
+    return [phase_status(p, store, index, plan.input_globs(p)) for p in plan.phases]
 
 
 def blockers(statuses: list[PhaseStatus], phase_id: str) -> list[PhaseStatus]:
@@ -126,7 +141,9 @@ def describe_blockers(blocking: list[PhaseStatus], phase_id: str) -> str:
     """The refusal message for running ``phase_id`` past ``blocking``."""
     first = blocking[0]
     why = first.state.value
-    if first.stale_reasons:
+    if first.unreadable:
+        why += f" ({first.unreadable})"
+    elif first.stale_reasons:
         why += ": " + "; ".join(first.stale_reasons)
     elif first.record is not None:
         why += f" (run {first.record.run_id})"

@@ -18,3 +18,21 @@ def silence_stdout(err: bool = False) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """``warning: MESSAGE`` on stderr, once per process; a closed stderr is silently skipped."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(f"warning: {message}\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass

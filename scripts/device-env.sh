@@ -5,7 +5,7 @@
 # are installed into a private target.
 #   source scripts/device-env.sh
 _repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for _p in orchestrator phases gates kernels engine tools bench integrations; do [ -d "$_repo/$_p" ] && ln -sfn "../$_p" "$_repo/kdtree/$_p"; done
+for _p in orchestrator phases gates kernels engine tools bench integrations constraints; do [ -d "$_repo/$_p" ] && ln -sfn "../$_p" "$_repo/kdtree/$_p"; done
 _wheels=$(ls "$_repo"/.whl/*.whl "$_repo"/.whl-sglang/*.whl 2>/dev/null)
 if [ -n "$_wheels" ]; then  # installed once per machine and wheel set (the scripts source this per step)
   _set=$(basename -a $_wheels | sort | md5sum | cut -c1-16)

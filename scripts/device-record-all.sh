@@ -8,14 +8,17 @@
 # together):
 #   bash scripts/device-record-all.sh phase1   carry .whl and .peers-carry: phase 1 with FlashInfer
 #                                              FA2/FA3 on the path (the speed gate's peer targets)
-#   bash scripts/device-record-all.sh rest     carry .whl and .whl-sglang: phases 2, 3, 4; first copy
-#                                              the phase-1 record the first call returned into
-#                                              plans/results/phase1/ so they are not refused
+#   bash scripts/device-record-all.sh rest     carry .whl and .peers-carry (or .whl-sglang): the phases a
+#                                              call just before on this machine did not record (its
+#                                              records are kept from /tmp/kdtree-records), then the
+#                                              user-path GPU tests
 #   bash scripts/device-record-all.sh urgent   carry .whl and .whl-sglang: when device time is short,
 #                                              phase 4 first (forced past stale earlier phases; the run
 #                                              records that), the kernel's run-length GPU tests, then
 #                                              phases 2 and 3 (forced), in one call of <= 560 s
-# Each call copies the new records into $OUT, and into /tmp/kdtree-records on the machine: a `rest`
+# Each call packs every file the runs wrote under plans/results (records, their gate logs, plots) into
+# $OUT/results-new.tgz (unpack it here with `tar xzf results-new.tgz`), and copies the records into
+# /tmp/kdtree-records on the machine: a `rest`
 # call that finds the machine still warm takes the phase-1 record from there, so the two calls can
 # follow each other without a copy here in between. Copy the records into plans/results/<phase>/
 # here and run `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
@@ -31,8 +34,14 @@ record() {  # record PHASE TIMEOUT_S [--force]: the run's new record (none if re
   local newest; newest=$(find plans/results/"$1" -maxdepth 1 -name '2*.json' -newer "$mark" | sort | tail -1)
   rm -f "$mark"
   if [ -z "$newest" ]; then echo "$1: no new record" | tee -a "$OUT/records.log"; return 1; fi
-  cp "$newest" "$OUT/$1-$(basename "$newest")"
+  echo "$1: new record $(basename "$newest")" | tee -a "$OUT/records.log"
   mkdir -p "/tmp/kdtree-records/$1" && cp "$newest" "/tmp/kdtree-records/$1/"
+  [ -f "${newest%.json}.log" ] && cp "${newest%.json}.log" "/tmp/kdtree-records/$1/"
+  return 0
+}
+results_back() {  # every file the runs wrote under plans/results (records, gate logs, plots) in one archive
+  find plans/results -type f -newer "$CALL_MARK" ! -name '.lock' | tar czf "$OUT/results-new.tgz" -T -
+  tar tzf "$OUT/results-new.tgz" | tee -a "$OUT/records.log"
 }
 peers() {  # FlashInfer (and FlashMLA, SGLang's kernel files when carried) from .peers-carry onto the path
     _carry="$(cd "$(dirname "$0")/.." && pwd)/.peers-carry"
@@ -59,6 +68,7 @@ user_path_tests() {  # user_path_tests TIMEOUT_S: the torch op and the SGLang in
     tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
 }
 BUDGET=${ALL_BUDGET:-570} START=$(date +%s)
+CALL_MARK=$(mktemp); trap results_back EXIT
 source "$(dirname "$0")/device-steps.sh"  # left: what is left of BUDGET
 case "$WHICH" in
   phase1)
@@ -68,19 +78,26 @@ case "$WHICH" in
     peers
     record phase1 $(( $(left) - ${REST_RESERVE_S:-150} ))  # the rest of the budget for phases 2-4
     for p in phase2 phase3 phase4; do
-      t=$(( $(left) - 20 )); [ "$t" -gt 250 ] && t=250
+      t=$(( $(left) - 20 )); [ "$t" -gt "${PHASE_CAP_S:-400}" ] && t=${PHASE_CAP_S:-400}
       if [ "$t" -lt 30 ]; then echo "$p: not run (the call's budget is spent)" | tee -a "$OUT/records.log"; continue; fi
       record "$p" "$t"
     done
     t=$(( $(left) - 5 ))
     [ "$t" -ge 30 ] && user_path_tests "$t" ;;
   rest)
-    for f in /tmp/kdtree-records/phase1/2*.json; do  # the phase-1 record of a call just before, same machine
-      [ -f "$f" ] && [ ! -f "plans/results/phase1/$(basename "$f")" ] && cp "$f" plans/results/phase1/ \
-        && echo "phase 1's record from the previous call: $(basename "$f")" | tee -a "$OUT/records.log"
+    peers
+    for p in phase1 phase2 phase3 phase4; do  # records of a call just before on this machine: kept, not rerun
+      if ls /tmp/kdtree-records/$p/2*.json >/dev/null 2>&1; then
+        cp /tmp/kdtree-records/$p/2* plans/results/$p/
+        echo "$p: recorded by the previous call ($(ls /tmp/kdtree-records/$p/ | tr '\n' ' '))" | tee -a "$OUT/records.log"
+        continue
+      fi
+      [ "$p" = phase1 ] && continue
+      t=$(( $(left) - 60 )); [ "$t" -gt "${PHASE_CAP_S:-400}" ] && t=${PHASE_CAP_S:-400}
+      [ "$t" -ge 30 ] && record "$p" "$t"
     done
-    for p in phase2 phase3 phase4; do record "$p" 250; done
-    user_path_tests 240 ;;
+    t=$(( $(left) - 5 )); [ "$t" -gt 240 ] && t=240
+    [ "$t" -ge 30 ] && user_path_tests "$t" ;;
   urgent)
     record phase4 200 --force
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernel_runs.py -m gpu \

@@ -41,20 +41,23 @@ find_cuobjdump() {
 }
 CUOBJ=$(find_cuobjdump) || { echo "error: cuobjdump not found (set CUOBJDUMP)" >&2; exit 2; }
 
-# export REV DIR: the revision's kernels/csrc and kernels/jit.py into DIR
+# export REV DIR: the revision's kernels/csrc and its JIT (kernels/jit.py, later kernels/jit/) into DIR
 export_rev() {
-  local rev=$1 dir=$2
+  local rev=$1 dir=$2 jit=kernels/jit
   mkdir -p "$dir"
   if [ "$rev" = worktree ]; then
-    (cd "$ROOT" && tar -cf - kernels/csrc kernels/jit.py) | tar -xf - -C "$dir"
+    (cd "$ROOT" && tar -cf - kernels/csrc "$jit") | tar -xf - -C "$dir"
   else
-    git -C "$ROOT" archive "$rev" kernels/csrc kernels/jit.py | tar -xf - -C "$dir" || return 1
+    git -C "$ROOT" cat-file -e "$rev:$jit" 2>/dev/null || jit=kernels/jit.py
+    git -C "$ROOT" archive "$rev" kernels/csrc "$jit" | tar -xf - -C "$dir" || return 1
   fi
 }
 
-# base_flags DIR: the BASE_FLAGS tuple of that revision's kernels/jit.py
+# base_flags DIR: the BASE_FLAGS tuple of that revision's JIT
 base_flags() {
-  python3 - "$1/kernels/jit.py" <<'EOF'
+  local src="$1/kernels/jit/extension.py"
+  [ -f "$src" ] || src="$1/kernels/jit.py"
+  python3 - "$src" <<'EOF'
 import ast, sys
 for node in ast.parse(open(sys.argv[1]).read()).body:
     if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "BASE_FLAGS" for t in node.targets):

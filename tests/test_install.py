@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -79,6 +80,35 @@ def test_license_is_an_spdx_expression_with_its_text():
     assert any(r.startswith("setuptools>=77") for r in PYPROJECT["build-system"]["requires"])  # PEP 639
 
 
+def _package_folders() -> dict[str, Path]:
+    """Every Python package under the mapped roots (a folder with an ``__init__.py``)."""
+    mapped = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    roots = {name: ROOT / folder for name, folder in mapped.items() if "." not in name.removeprefix("kdtree.")}
+    found = {}
+    for name, folder in roots.items():
+        for sub in [folder, *sorted(p for p in folder.rglob("*") if p.is_dir())]:
+            rel = sub.relative_to(folder).parts
+            if "__pycache__" in rel or any(part.startswith(".") for part in rel):
+                continue
+            if (sub / "__init__.py").is_file():
+                found[".".join((name, *rel))] = sub
+    return found
+
+
+def test_every_package_folder_is_declared_so_the_wheel_ships_it():
+    declared = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    missing = sorted(set(_package_folders()) - declared)
+    assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
+def test_the_constraint_files_are_a_package_the_wheel_route_can_name():
+    from kdtree.constraints import path
+
+    assert path("sglang").read_text() == (ROOT / "constraints" / "sglang.txt").read_text()
+    with pytest.raises(ValueError, match="expected one of sglang, test"):
+        path("gpu")
+
+
 def _run(argv, **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, **kwargs)
     assert done.returncode == 0, f"{argv} -> {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -106,12 +136,19 @@ def test_the_wheel_installs_into_a_fresh_venv_and_orchestrate_works_without_torc
 
     # README: pip install build && python -m build
     _run([str(bin_dir / "pip"), "install", "-q", "build"], env=env)
-    _run([str(bin_dir / "python"), "-m", "build"], cwd=clone, env=env)
+    built = _run([str(bin_dir / "python"), "-m", "build"], cwd=clone, env=env)
+    assert "would be ignored" not in built.stdout + built.stderr
     wheels = list((clone / "dist").glob("kdtree_engine-*.whl"))
     assert [w.name for w in wheels] == [f"kdtree_engine-{kdtree.__version__}-py3-none-any.whl"]
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert {"kdtree/py.typed", "kdtree/kernels/py.typed", "kdtree/kernels/csrc/tree_verify_mla.cu",
-            "kdtree/kernels/csrc/bindings.cpp", "kdtree/cuda_toolkit.py"} <= set(names)
+            "kdtree/kernels/csrc/bindings.cpp", "kdtree/cuda_toolkit.py", "kdtree/kernels/jit/extension.py",
+            "kdtree/constraints/sglang.txt", "kdtree/envvars.py"} <= set(names)
+    sdists = list((clone / "dist").glob("kdtree_engine-*.tar.gz"))
+    with tarfile.open(sdists[0]) as sdist:
+        held = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    assert {"constraints/sglang.txt", "docs/sglang.md", "README.md", "LICENSE"} <= held
+    assert not [n for n in held if n.startswith("tests/")], "the sdist carries tests"
     assert any(n.startswith("kdtree/orchestrator/templates/") and n.endswith(".j2") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n]
@@ -129,3 +166,11 @@ def test_the_wheel_installs_into_a_fresh_venv_and_orchestrate_works_without_torc
     status = _run([str(bin_dir / "orchestrate"), "status"], cwd=clone, env=env)
     assert "plan 0002-sm120-verify-kernel-defrag" in status.stdout and "phase1" in status.stdout
     assert "Traceback" not in status.stderr
+    assert len(status.stderr.strip().splitlines()) <= 1, "a wheel install in a clone: one line of warning at most"
+    shipped = _run([str(bin_dir / "python"), "-m", "kdtree.constraints", "sglang"], cwd=tmp_path, env=env).stdout
+    assert Path(shipped.strip()).read_text() == (ROOT / "constraints" / "sglang.txt").read_text()
+
+    # README, CPU-only from a clone: pip install -e ., then orchestrate status says no warning
+    _run([str(bin_dir / "pip"), "install", "-q", "-e", str(clone)], env=env)
+    status = _run([str(bin_dir / "orchestrate"), "status"], cwd=clone, env=env)
+    assert status.stderr.strip() == "" and "phase1" in status.stdout

@@ -189,3 +189,8 @@ def write_report(rows: list[dict], facts: dict, out_dir) -> list[Path]:
     _plot(rows, "median_ms", "median ms", paths[2], log_y=True, with_floor=True)
     _plot(rows, "fraction", "fraction of roofline (floor / median)", paths[3], log_y=False, with_floor=False)
     return paths
+
+
+if __name__ == "__main__":
+    raise SystemExit("kdtree.tools.bench_report is the report library of the benchmark, not a program: run "
+                     "`python -m kdtree.tools.bench` (it writes bench.json, bench.md and the plots)")

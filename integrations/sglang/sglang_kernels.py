@@ -1,9 +1,10 @@
-"""SGLang's own Triton verify kernel (``extend_attention_fwd``), loaded from the installed sglang wheel.
+"""SGLang's own Triton attention kernels (``extend_attention_fwd`` for target verify,
+``decode_attention_fwd`` for decode), loaded from the installed sglang wheel.
 
 The GPU checks compare the backend with SGLang's real kernel. ``import sglang...`` runs the
 package's ``__init__`` files, which pull in most of SGLang's serving stack (zmq, PIL, psutil,
 requests, transformers patches, ...); a GPU machine without network may not have all of it.
-`load_extend_attention` tries the normal import first; when that fails it loads the same files
+`load_extend_attention` (and `load_decode_attention`) tries the normal import first; when that fails it loads the same files
 of the wheel with the package ``__init__`` files skipped, giving the two modules outside the
 kernel files that they import (``sglang.srt.utils``: platform predicates; ``sglang.srt.environ``
 loads as is) from `_platform_shim`: the kernel's code is SGLang's, byte for byte. It says which
@@ -20,6 +21,7 @@ from typing import Callable
 
 _PACKAGES = ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
 _KERNEL = "sglang.kernels.ops.attention.extend_attention"
+_DECODE_KERNEL = "sglang.kernels.ops.attention.decode_attention"
 
 
 def _platform_shim() -> types.ModuleType:
@@ -37,9 +39,18 @@ def _platform_shim() -> types.ModuleType:
 
 def load_extend_attention() -> tuple[Callable, str]:
     """(extend_attention_fwd, how it was loaded); ImportError with both reasons if neither way works."""
+    return _load_kernel(_KERNEL, "extend_attention_fwd")
+
+
+def load_decode_attention() -> tuple[Callable, str]:
+    """(decode_attention_fwd, how it was loaded), the same two ways as `load_extend_attention`."""
+    return _load_kernel(_DECODE_KERNEL, "decode_attention_fwd")
+
+
+def _load_kernel(kernel: str, attr: str) -> tuple[Callable, str]:
     try:
-        module = importlib.import_module(_KERNEL)
-        return module.extend_attention_fwd, "import sglang (the installed wheel, normally)"
+        module = importlib.import_module(kernel)
+        return getattr(module, attr), "import sglang (the installed wheel, normally)"
     except Exception as err:  # noqa: BLE001 - any failure of SGLang's import chain
         first = f"{type(err).__name__}: {err}"
     loaded = sys.modules.get("sglang")  # left by the failed import when sglang has no __init__ (a trimmed copy)
@@ -59,8 +70,8 @@ def load_extend_attention() -> tuple[Callable, str]:
             pkg.__path__ = [roots[0] + name[len("sglang"):].replace(".", "/")]
             sys.modules[name] = pkg
         sys.modules["sglang.srt.utils"] = _platform_shim()
-        module = importlib.import_module(_KERNEL)
-        return module.extend_attention_fwd, f"the wheel's kernel files, package __init__s skipped (import sglang failed: {first})"
+        module = importlib.import_module(kernel)
+        return getattr(module, attr), f"the wheel's kernel files, package __init__s skipped (import sglang failed: {first})"
     except Exception as err:  # noqa: BLE001
         raise ImportError(f"import sglang failed ({first}); loading the kernel files failed too: "
                           f"{type(err).__name__}: {err}") from err

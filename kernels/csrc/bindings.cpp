@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "tree_verify_mla_launch.h"
+#include "timeline.cuh"  // the timeline build's buffers (kdtree.bench.timeline reads them)
 
 namespace py = pybind11;
 
@@ -96,6 +97,22 @@ PYBIND11_MODULE(_tree_verify_mla, m) {
   m.def("run", &run, py::arg("params"),
         "Launch tree-verify attention from the launch_fields tuple, on its stream (no allocation, no sync)");
   m.def("shared_bytes", &kdtree::shared_bytes, "Dynamic shared memory per block of a variant (-1: unknown)");
+  namespace tl = kdtree::timeline;
+  int shape[6];
+  tl::shape(shape);
+  m.attr("timeline_shape") = py::make_tuple(shape[0], shape[1], shape[2], shape[3], shape[4], shape[5]);
+  m.def("timeline_enabled", &tl::enabled, "Whether this is a timeline build (KD_TIMELINE=1)");
+  m.def("timeline_reset", [] {
+    const cudaError_t err = tl::reset();
+    if (err != cudaSuccess) throw std::runtime_error(std::string("timeline_reset: ") + cudaGetErrorString(err));
+  }, "Clear the timeline buffers (before the launch to record)");
+  m.def("timeline_read", [shape] {
+    const std::size_t hb = 8ull * shape[0] * shape[4], sb = 8ull * shape[0] * shape[1] * (shape[2] + 1) * shape[3];
+    std::string header(hb, '\0'), stamps(sb, '\0');
+    const cudaError_t err = tl::read(header.data(), hb, stamps.data(), sb);
+    if (err != cudaSuccess) throw std::runtime_error(std::string("timeline_read: ") + cudaGetErrorString(err));
+    return py::make_tuple(py::bytes(header), py::bytes(stamps));
+  }, "(header, stamps) bytes of the timeline buffers (synchronises with the device)");
   py::tuple fields(static_cast<std::size_t>(kNumLaunchFields));
   for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
   m.attr("launch_fields") = fields;

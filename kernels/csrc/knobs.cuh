@@ -22,9 +22,17 @@
 // The wgmma variant (tree_verify_mla_sm90a.cuh, sm_90a only):
 // WG_V_DESC_SWAP: 1 swaps the LBO and SBO of PV's V descriptor (a diagnosis build, in case a device
 //   disagrees with this reading of the descriptor format).
+//
+// The timeline build (timeline.cuh, kdtree.bench.timeline):
+// KD_TIMELINE: 1 makes every variant's lane leaders stamp the SM clock at each stage boundary of
+//   each tile into a global buffer; 0 (the default) compiles every stamp to nothing.
+// KD_TIMELINE_CTAS, KD_TIMELINE_TILES, KD_TIMELINE_TILE0: CTAs recorded (the launch's first, by
+//   linear block index), tiles recorded per CTA, and the first tile recorded.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cuda_runtime.h>
 
 #ifndef KD_BREAK
 #define KD_BREAK 0
@@ -50,6 +58,18 @@
 #ifndef WG_V_DESC_SWAP
 #define WG_V_DESC_SWAP 0
 #endif
+#ifndef KD_TIMELINE
+#define KD_TIMELINE 0
+#endif
+#ifndef KD_TIMELINE_CTAS
+#define KD_TIMELINE_CTAS 264
+#endif
+#ifndef KD_TIMELINE_TILES
+#define KD_TIMELINE_TILES 32
+#endif
+#ifndef KD_TIMELINE_TILE0
+#define KD_TIMELINE_TILE0 0
+#endif
 
 namespace kdtree {
 namespace hooks {
@@ -59,6 +79,10 @@ constexpr bool kSkipSoftmax = (KD_SKIP & 2) != 0;
 constexpr bool kSkipPV = (KD_SKIP & 4) != 0;
 constexpr bool kSkipLoads = (KD_SKIP & 8) != 0;
 constexpr bool kSkipCombine = (KD_SKIP & 16) != 0;
+constexpr bool kTimeline = KD_TIMELINE != 0;
+
+// KD_BREAK 2 hides prefix keys, so no tile may skip the mask test (tile_needs_mask).
+constexpr bool kMaskEveryTile = (KD_BREAK & 2) != 0;
 
 // KD_BREAK 16: the wgmma variant reads the wrong half of V for its upper output columns.
 constexpr bool kWgmmaWrongHalf = (KD_BREAK & 16) != 0;
@@ -98,6 +122,29 @@ __device__ __forceinline__ uint4 ring_fill(int i) {
   }
   return v;
 }
+
+// KD_TIMELINE: the timeline build's buffers, which timeline.cuh writes and reads through these
+// (only a timeline build has them: a default build's module holds no trace of them).
+constexpr int kTimelineLanes = 4, kTimelineEvents = 24, kTimelineHeaderFields = 12;
+#if KD_TIMELINE
+__device__ unsigned long long timeline_header_buf[KD_TIMELINE_CTAS][kTimelineHeaderFields];
+__device__ unsigned long long timeline_stamps_buf[KD_TIMELINE_CTAS][kTimelineLanes][KD_TIMELINE_TILES + 1][kTimelineEvents];
+__device__ __forceinline__ unsigned long long* timeline_header(int cta) { return timeline_header_buf[cta]; }
+__device__ __forceinline__ unsigned long long* timeline_stamps(int cta, int lane, int row) {
+  return timeline_stamps_buf[cta][lane][row];
+}
+// The buffers' device addresses and sizes (host).
+inline cudaError_t timeline_buffers(void** header, std::size_t* header_bytes, void** stamps, std::size_t* stamps_bytes) {
+  *header_bytes = sizeof(timeline_header_buf);
+  *stamps_bytes = sizeof(timeline_stamps_buf);
+  const cudaError_t err = cudaGetSymbolAddress(header, timeline_header_buf);
+  return err != cudaSuccess ? err : cudaGetSymbolAddress(stamps, timeline_stamps_buf);
+}
+#else
+__device__ __forceinline__ unsigned long long* timeline_header(int) { return nullptr; }
+__device__ __forceinline__ unsigned long long* timeline_stamps(int, int, int) { return nullptr; }
+inline cudaError_t timeline_buffers(void**, std::size_t*, void**, std::size_t*) { return cudaErrorNotSupported; }
+#endif
 
 }  // namespace hooks
 }  // namespace kdtree

@@ -1,6 +1,7 @@
 // Thin wrappers over the sm_80+ instructions the tree-verify kernels use: cp.async (16-byte,
-// zero-filling), ldmatrix, mma.sync m16n8k16 bf16 -> fp32 and named barriers. Everything here
-// exists on sm_80, sm_90 and sm_120. The sm_90+ mbarriers and bulk copy are in mbarrier_sm90.cuh,
+// zero-filling), ldmatrix, mma.sync m16n8k16 bf16 -> fp32, ex2.approx and named barriers.
+// Everything here exists on sm_80, sm_90 and sm_120 but stmatrix (sm_90+, used by the sm_90a
+// variant only). The sm_90+ mbarriers and bulk copy are in mbarrier_sm90.cuh,
 // the sm_90a-only warpgroup MMAs in wgmma_sm90a.cuh.
 #pragma once
 
@@ -59,6 +60,23 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 bf16 matrices from mma fragments to shared memory: lane l gives the address of row
+// l % 8 of matrix l / 8; r[i] is this lane's fragment of matrix i (sm_90+).
+__device__ __forceinline__ void stmatrix_x4_s(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: relative error about 2^-22, subnormal results flushed to
+// 0; 2^-inf = 0). P is rounded to bf16 after it, so this is exact enough; exp2f without fast
+// math is several instructions.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

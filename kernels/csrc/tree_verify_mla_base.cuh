@@ -120,6 +120,8 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 
   const int num_tiles = (kend - kbeg + kBlockN - 1) / kBlockN;
+  KD_STAMP_CTA_BEGIN(num_tiles);
+  KD_STAMP_LANE(kLaneBegin);
   fetch_slots(kbeg);
   issue_tile(0);
   if (num_tiles > 1) fetch_slots(kbeg + kBlockN);
@@ -127,12 +129,15 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
   for (int it = 0; it < num_tiles; ++it) {
     const int buf = it & 1;
     const int tile_base = kbeg + it * kBlockN;
+    KD_STAMP(kTileWait, it);
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; everyone is done with tile it-1 (buffer buf^1, sP, sRed)
+    KD_STAMP(kTileReady, it);
     if (it + 1 < num_tiles && !hooks::kSkipLoads) {
       issue_tile(buf ^ 1);
       if (it + 2 < num_tiles) fetch_slots(tile_base + 2 * kBlockN);
     }
+    KD_STAMP(kLoadIssued, it + 1);
     const __nv_bfloat16* tK = sK + buf * kBlockN * kKRow;
 
     // ---- QK: partial scores over this warp's dim slice ----
@@ -169,7 +174,9 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
               make_float2(sacc[mt][nt][2], sacc[mt][nt][3]);
         }
     }
+    KD_STAMP(kSIssued, it);
     __syncthreads();
+    KD_STAMP(kSDone, it);
 
     // ---- softmax over the tile: sum the slices' partial scores, then mask, max / sum, P ----
     if (!hooks::kSkipSoftmax) {
@@ -183,16 +190,19 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
         for (int k = 0; k < KPT; ++k) s[k] += src[k];
       }
       const float alpha = softmax.update(s, mask_row, p.mask_words, tile_base + sc * KPT, Lp, kend, srow_valid,
-                                         p.scale_log2);
+                                         p.scale_log2, tile_needs_mask(tile_base, kBlockN, Lp, kend));
+      KD_STAMP(kSoftmaxDone, it);
       store_p(sP + sr * kPStride + sc * KPT, s);
       if (sc == 0) sAlpha[sr] = alpha;
     }
     __syncthreads();
+    KD_STAMP(kPStored, it);
 
     // ---- PV: O[:, 64 w : 64 w + 64] = alpha * O + P V ----
     {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) rescale_rows(acc[mt], sAlpha[mt * 16 + g], sAlpha[mt * 16 + g + 8]);
+      KD_STAMP(kPVIssued, it);
       const int mi = lane >> 3;
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16 && !hooks::kSkipPV; ++kk) {
@@ -212,6 +222,7 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
         }
       }
     }
+    KD_STAMP(kPVDone, it);
   }
 
   // ---- epilogue: normalise, write out (+ lse) or this split's partial ----
@@ -225,6 +236,8 @@ __global__ void __launch_bounds__(base::kThreads, 1) tree_verify_mla_kernel(cons
   for (int mt = 0; mt < MT; ++mt)
     store_tile(p, split, grow0, row0, rows, mt * 16, g, warp * 64 + 2 * t4, acc[mt], sM, sL, warp == 0 && t4 == 0,
                mt == MT - 1);
+  KD_STAMP_LANE(kLaneEnd);
+  KD_STAMP_CTA_END();
 }
 
 }  // namespace kdtree

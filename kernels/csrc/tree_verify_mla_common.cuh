@@ -10,6 +10,7 @@
 
 #include "mma_sm80.cuh"
 #include "knobs.cuh"
+#include "timeline.cuh"
 #include "tree_verify_mla_launch.h"
 
 namespace kdtree {
@@ -101,6 +102,15 @@ __device__ __forceinline__ uint64_t tree_visible_bits(const int32_t* mask_row, i
   return hooks::visible_bits(bits, j0, n, Lp);
 }
 
+// Whether a tile of keys j0 .. j0 + n - 1 needs the mask test at all: it reaches the tree (keys
+// >= Lp) or the split's end (keys >= kend, the partial tail). Prefix tiles inside the split are
+// all visible, so most tiles skip the test; the answer is the same for every thread of the CTA (a
+// uniform branch). Rows past the request compute finite scores there (their q is zeros) that are
+// never stored.
+__device__ __forceinline__ bool tile_needs_mask(int j0, int n, int Lp, int kend) {
+  return hooks::kMaskEveryTile || j0 + n > min(Lp, kend);
+}
+
 // The same test one key at a time: key j for a query row whose packed tree-mask row is
 // `mask_row`, where `in_range` says the row exists and j is inside the CTA's split.
 __device__ __forceinline__ bool tree_key_visible(const int32_t* mask_row, int j, int Lp, bool in_range) {
@@ -140,6 +150,8 @@ __device__ __forceinline__ float minus_infinity() { return -CUDART_INF_F; }
 //
 // kMaskWindow: the tree mask is read as one window of bits for the thread's keys
 // (tree_visible_bits), else key by key (tree_key_visible); the two give the same visibility.
+// The max is taken over the raw scores and scaled once (scale > 0, so it is the max of the scaled
+// scores, rounding included); each P is then one FFMA (s * scale - m) and one ex2.approx.
 template <int KPT, int TPR, int kLazyLog2, bool kMaskWindow>
 struct OnlineSoftmax {
   float m;  // the row's running max
@@ -148,43 +160,50 @@ struct OnlineSoftmax {
   __device__ __forceinline__ OnlineSoftmax() : m(minus_infinity()), l(0.f) {}
 
   // Mask and scale the raw scores `s` of keys j0 .. j0 + KPT - 1 and turn them into P (in place).
+  // `masked`: the tile needs the mask test (tile_needs_mask; the same for the whole CTA).
   // Returns the factor the row's O accumulator must be rescaled by (exactly 1 when m stayed).
   __device__ __forceinline__ float update(float (&s)[KPT], const int32_t* mask_row, int mask_words, int j0,
-                                          int Lp, int kend, bool row_valid, float scale_log2) {
-    uint64_t bits = 0;
-    if constexpr (kMaskWindow) bits = tree_visible_bits(mask_row, mask_words, j0, KPT, Lp);
+                                          int Lp, int kend, bool row_valid, float scale_log2, bool masked) {
     float tmax = minus_infinity();
+    if (masked) {
+      uint64_t bits = 0;
+      if constexpr (kMaskWindow) bits = tree_visible_bits(mask_row, mask_words, j0, KPT, Lp);
 #pragma unroll
-    for (int k = 0; k < KPT; ++k) {
-      const int j = j0 + k;
-      bool vis;
-      if constexpr (kMaskWindow)
-        vis = row_valid && j < kend && ((bits >> k) & 1);
-      else
-        vis = tree_key_visible(mask_row, j, Lp, row_valid && j < kend);
-      s[k] = vis ? s[k] * scale_log2 * hooks::kScoreScale : minus_infinity();
-      tmax = fmaxf(tmax, s[k]);
+      for (int k = 0; k < KPT; ++k) {
+        const int j = j0 + k;
+        bool vis;
+        if constexpr (kMaskWindow)
+          vis = row_valid && j < kend && ((bits >> k) & 1);
+        else
+          vis = tree_key_visible(mask_row, j, Lp, row_valid && j < kend);
+        s[k] = vis ? s[k] : minus_infinity();
+        tmax = fmaxf(tmax, s[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < KPT; ++k) tmax = fmaxf(tmax, s[k]);
     }
 #pragma unroll
     for (int off = TPR / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-    const float m_new = fmaxf(m, tmax);
+    const float scale = scale_log2 * hooks::kScoreScale;
+    const float m_new = fmaxf(m, tmax * scale);
     float alpha = 1.f;
     float m_use;
     if constexpr (kLazyLog2 > 0) {
       if (m_new > m + kLazyLog2) {
-        alpha = exp2f(m - m_new);
+        alpha = fast_exp2(m - m_new);
         m = m_new;
       }
       m_use = m == minus_infinity() ? 0.f : m;
     } else {
       m_use = m_new == minus_infinity() ? 0.f : m_new;
-      alpha = exp2f(m - m_use);
+      alpha = fast_exp2(m - m_use);
       m = m_new;
     }
     float psum = 0.f;
 #pragma unroll
     for (int k = 0; k < KPT; ++k) {
-      s[k] = exp2f(s[k] - m_use);
+      s[k] = fast_exp2(fmaf(s[k], scale, -m_use));
       psum += s[k];
     }
     l = l * alpha + psum;

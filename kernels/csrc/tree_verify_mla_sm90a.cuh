@@ -187,32 +187,41 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], uint64_t dq, uint32_t k
 // r_lo, r_lo + 8; row_ok: the row exists, mask_row: its tree-mask row) against the row's running
 // max m_in (lazy rescale, as the other variants): m_out gets the new max, scale the factor O and
 // the row sum must be scaled by; returns this thread's share of the new P's row sum. m_in may be
-// m_out.
+// m_out. Only tiles that reach the tree or the split's end test the mask (tile_needs_mask); the
+// max is taken raw and scaled once, each P is one FFMA and one ex2.approx (OnlineSoftmax's form).
 __device__ __forceinline__ float softmax_row(const TreeVerifyParams& p, float (&s)[32], int h, bool row_ok,
                                              const int32_t* mask_row, int t4, int tile_base, int kend, int Lp,
                                              float m_in, float& m_out, float& scale) {
-  const int nvalid = kend - tile_base;
-  uint64_t vis = 0;
-  if (row_ok) {
-    vis = tree_visible_bits(mask_row, p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
-    if (nvalid > 32) vis |= (tree_visible_bits(mask_row, p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
-    if (nvalid < 64) vis &= (1ull << nvalid) - 1;
-  }
   float tmax = minus_infinity();
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float& x = s[4 * j + 2 * h + e];
-      x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x * p.scale_log2 * hooks::kScoreScale : minus_infinity();
-      tmax = fmaxf(tmax, x);
+  if (tile_needs_mask(tile_base, kBN, Lp, kend)) {
+    const int nvalid = kend - tile_base;
+    uint64_t vis = 0;
+    if (row_ok) {
+      vis = tree_visible_bits(mask_row, p.mask_words, tile_base, 32, Lp) & 0xffffffffull;
+      if (nvalid > 32) vis |= (tree_visible_bits(mask_row, p.mask_words, tile_base + 32, 32, Lp) & 0xffffffffull) << 32;
+      if (nvalid < 64) vis &= (1ull << nvalid) - 1;
     }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = ((vis >> (8 * j + 2 * t4 + e)) & 1) ? x : minus_infinity();
+        tmax = fmaxf(tmax, x);
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) tmax = fmaxf(tmax, s[4 * j + 2 * h + e]);
+  }
   tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
   tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+  const float c = p.scale_log2 * hooks::kScoreScale;
   float m = m_in, a = 1.f;
-  const float m_new = fmaxf(m, tmax);
+  const float m_new = fmaxf(m, tmax * c);
   if (m_new > m + kRescaleLog2) {
-    a = exp2f(m - m_new);
+    a = fast_exp2(m - m_new);
     m = m_new;
   }
   const float m_use = m == minus_infinity() ? 0.f : m;
@@ -222,7 +231,7 @@ __device__ __forceinline__ float softmax_row(const TreeVerifyParams& p, float (&
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float& x = s[4 * j + 2 * h + e];
-      x = exp2f(x - m_use);
+      x = fast_exp2(fmaf(x, c, -m_use));
       sum += x;
     }
   m_out = m;
@@ -238,17 +247,17 @@ __device__ __forceinline__ void pack_p(const float (&s)[32], uint32_t (&pa)[4][4
     for (int q = 0; q < 4; ++q) pa[kk][q] = pack_bf16x2(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
 }
 
-// P into shared memory (128-byte swizzle), for the other warpgroup's PV; the caller fences it
-// into the async proxy.
+// P into shared memory (128-byte swizzle), for the other warpgroup's PV, one stmatrix.x4 per
+// 16 keys (the four 8x8 blocks of pa[kk]: rows r, r + 8 by keys 16 kk, 16 kk + 8; lane l gives
+// row l % 8 of block l / 8); the caller fences it into the async proxy.
 __device__ __forceinline__ void store_p(uint8_t* smem, const uint32_t (&pa)[4][4], const ConsumerThread& t) {
+  const int lane = 4 * t.g + t.t4, blk = lane >> 3;
+  const int row = 16 * t.w + (blk & 1) * 8 + (lane & 7);
+  const uint32_t base = smem_addr(smem + Smem::p_off);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const int c0 = 16 * kk + 2 * t.t4;
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0)) = pa[kk][0];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0)) = pa[kk][1];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo, c0 + 8)) = pa[kk][2];
-    *reinterpret_cast<uint32_t*>(smem + Smem::p_off + swizzle128_offset(kBM, t.r_lo + 8, c0 + 8)) = pa[kk][3];
-  }
+  for (int kk = 0; kk < 4; ++kk)
+    stmatrix_x4_s(base + swizzle128_offset(kBM, row, 16 * kk + (blk >> 1) * 8), pa[kk][0], pa[kk][1], pa[kk][2],
+                  pa[kk][3]);
 }
 
 // O's rows scaled by the softmax's rescale factors (skipped when no row of the warp moved).
@@ -329,10 +338,14 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
     const bool has_b = 2 * i + 1 < c.num_tiles;
     float s[32];  // per pair, as the other schedule: nothing of it lives across pairs
     uint32_t pa[4][4];
+    KD_STAMP(kTileWait, 2 * i);
     mbar_wait(&c.full[0], i & 1);
+    KD_STAMP(kTileReady, 2 * i);
     fence_proxy_async_shared();
     issue_qk(s, dq, stage_addr(c.sbase, 0));
+    KD_STAMP(kSIssued, 2 * i);
     wgmma_wait<0>();  // S_a
+    KD_STAMP(kSDone, 2 * i);
     fence_operands(s);
     fence_operands(o);
     float m_in[2], m_a[2], sa[2], psum[2], sb[2] = {1.f, 1.f};
@@ -343,8 +356,10 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
       psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + 2 * i * kBN, c.br.kend, c.br.Lp,
                             m_in[h], m_a[h], sa[h]);
     pack_p(s, pa);
+    KD_STAMP(kSoftmaxDone, 2 * i);
     store_p(c.smem, pa, t);  // P_a for warpgroup 1's half of P_a V_a
     fence_proxy_async_shared();
+    KD_STAMP(kPStored, 2 * i);
     __syncwarp();  // the quad's reads of sM above come before its first lane overwrites them
     if (t.t4 == 0) {
       c.sM[t.r_lo] = m_a[0];
@@ -354,29 +369,41 @@ __device__ __forceinline__ void consume_pairs_wg0(const TreeVerifyParams& p, con
     }
     rescale_o(o, sa);
     issue_pv_rs(o, pa, stage_addr(c.sbase, 0) + v_half);
+    KD_STAMP(kPVIssued, 2 * i);
     // bar.sync on both sides (compute-sanitizer's racecheck does not take a bar.arrive as
     // ordering the arriving side's reads before the other side's later writes)
+    KD_STAMP(kBarWait0, 2 * i);
     named_barrier_sync(kBarMA, kConsumers);
+    KD_STAMP(kBarDone0, 2 * i);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] + psum[h];
     if (has_b) {
+      KD_STAMP(kBarWait1, 2 * i + 1);
       named_barrier_sync(kBarSB, kConsumers);  // tile b's max and factor
+      KD_STAMP(kBarDone1, 2 * i + 1);
       sb[0] = sScaleB[t.r_lo];
       sb[1] = sScaleB[t.r_lo + 8];
     }
     wait_mma<0>(o);  // P_a V_a done: stage 0 is free of this warpgroup
+    KD_STAMP(kPVDone, 2 * i);
     mbar_arrive(&c.empty[0]);
+    KD_STAMP(kStageFreed, 2 * i);
     if (has_b) {
       rescale_o(o, sb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_part[h] *= sb[h];
+      KD_STAMP(kBarWait2, 2 * i + 1);
       named_barrier_sync(kBarPB, kConsumers);  // P_b in shared memory
+      KD_STAMP(kBarDone2, 2 * i + 1);
       issue_pv_ss(o, dp, stage_addr(c.sbase, 1) + v_half);
+      KD_STAMP(kPVIssued, 2 * i + 1);
       // done before the next pair's S_a is issued (it would queue behind it on the tensor pipe
       // anyway): stage 1 goes back to the producer at once, so tile b's next load is not held
       // up by the next S_a, and P's buffer is free for the next P_a
       wait_mma<0>(o);
+      KD_STAMP(kPVDone, 2 * i + 1);
       mbar_arrive(&c.empty[1]);
+      KD_STAMP(kStageFreed, 2 * i + 1);
     }
   }
 }
@@ -393,11 +420,16 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     float s[32];
     uint32_t pa[4][4];
     if (has_b) {
+      KD_STAMP(kTileWait, 2 * i + 1);
       mbar_wait(&c.full[1], i & 1);
+      KD_STAMP(kTileReady, 2 * i + 1);
       fence_proxy_async_shared();
       issue_qk(s, dq, stage_addr(c.sbase, 1));
+      KD_STAMP(kSIssued, 2 * i + 1);
     }
+    KD_STAMP(kBarWait0, 2 * i);
     named_barrier_sync(kBarMA, kConsumers);  // tile a's max, factor and P
+    KD_STAMP(kBarDone0, 2 * i);
     float m_a[2], sa[2], sb[2] = {1.f, 1.f}, m_b[2], psum[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -407,6 +439,7 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     mbar_wait(&c.full[0], i & 1);  // (done: warpgroup 0 read the same stage) for this thread's view of the bytes
     fence_proxy_async_shared();
     wgmma_wait<0>();  // S_b, done by now (it ran during warpgroup 0's softmax): O is not touched while it flies
+    KD_STAMP(kSDone, 2 * i + 1);
     fence_operands(s);  // (unconditional: the compiler does not pair this with the branch that issued S_b)
     // The softmax of b runs while warpgroup 0's P_a V_a keeps the tensor pipe busy. (Issuing this
     // warpgroup's P_a V_a before it makes ptxas serialise every wgmma of the kernel, C7515: it
@@ -416,6 +449,7 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
       for (int h = 0; h < 2; ++h)
         psum[h] = softmax_row(p, s, h, rm.ok[h], rm.row[h], t.t4, c.br.kbeg + (2 * i + 1) * kBN, c.br.kend,
                               c.br.Lp, m_a[h], m_b[h], sb[h]);
+      KD_STAMP(kSoftmaxDone, 2 * i + 1);
       __syncwarp();
       if (t.t4 == 0) {
         c.sM[t.r_lo] = m_b[0];
@@ -426,22 +460,33 @@ __device__ __forceinline__ void consume_pairs_wg1(const TreeVerifyParams& p, con
     }
     rescale_o(o, sa);
     issue_pv_ss(o, dp, stage_addr(c.sbase, 0) + v_half);  // O_R = sa O_R + P_a V_a[:, 256:512]
+    KD_STAMP(kPVIssued, 2 * i);
     // bar.sync on both sides, as the other schedule's P hand-off: this warpgroup's reads of
     // tile a's max and factor also come before warpgroup 0 overwrites them for the next pair
+    KD_STAMP(kBarWait1, 2 * i + 1);
     if (has_b) named_barrier_sync(kBarSB, kConsumers);
+    KD_STAMP(kBarDone1, 2 * i + 1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) l_part[h] = l_part[h] * sa[h] * sb[h] + psum[h];
     wait_mma<0>(o);  // P_a V_a done: stage 0 and P's buffer are free of this warpgroup
+    KD_STAMP(kPVDone, 2 * i);
     mbar_arrive(&c.empty[0]);
+    KD_STAMP(kStageFreed, 2 * i);
     if (has_b) {
       rescale_o(o, sb);
       pack_p(s, pa);
       store_p(c.smem, pa, t);  // P_b for warpgroup 0's half of P_b V_b
       fence_proxy_async_shared();
+      KD_STAMP(kPStored, 2 * i + 1);
       issue_pv_rs(o, pa, stage_addr(c.sbase, 1) + v_half);
+      KD_STAMP(kPVIssued, 2 * i + 1);
+      KD_STAMP(kBarWait2, 2 * i + 1);
       named_barrier_sync(kBarPB, kConsumers);  // both sides: P_a's reads and P_b's writes before the next P_a
+      KD_STAMP(kBarDone2, 2 * i + 1);
       wait_mma<0>(o);
+      KD_STAMP(kPVDone, 2 * i + 1);
       mbar_arrive(&c.empty[1]);
+      KD_STAMP(kStageFreed, 2 * i + 1);
     }
   }
 }
@@ -515,6 +560,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   }
   if (tid == 0) fence_mbarrier_init();
   __syncthreads();
+  KD_STAMP_CTA_BEGIN(num_tiles);
+  KD_STAMP_LANE(kLaneBegin);
 
   if (warp >= kConsumers / 32) {
     // ---------------- producer warpgroup ----------------
@@ -540,7 +587,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
     if (!hooks::kSkipLoads && num_tiles > 0) fetch_slots(0);
     for (int it = 0; it < num_tiles; ++it) {
       const int stage = it % kStages;
+      KD_STAMP(kLoadWaitFree, it);
       if (it >= kStages) mbar_wait(&empty[stage], ((it / kStages) - 1) & 1);
+      KD_STAMP(kLoadFree, it);
       if (hooks::kSkipLoads) {
         mbar_arrive(&full[stage]);
         continue;
@@ -557,8 +606,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
       }
       if (it + 1 < num_tiles) fetch_slots(it + 1);  // the next tile's slot ids load while these copies fly
       cp_async_mbar_arrive_noinc(smem_addr(&full[stage]));  // the consumers fence the bytes into the async proxy
+      KD_STAMP(kLoadIssued, it);
     }
     cp_async_wait<0>();
+    KD_STAMP_LANE(kLaneEnd);
     return;
   }
 
@@ -580,6 +631,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1) tree_verify_mla_wgmma_kernel(
   // ---------------- epilogue: both warpgroups, their own 256 columns ----------------
   named_barrier_sync(kBarEpilogue, kConsumers);
   store_o(p, c, t, o);
+  KD_STAMP_LANE(kLaneEnd);
+  KD_STAMP_CTA_END();
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an arch without wgmma: never launched (launch_plan dispatches it on sm_90a only)
 #endif

@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   if (tid == 0) fence_mbarrier_init();
   fence_proxy_async_shared();
   __syncthreads();
+  KD_STAMP_CTA_BEGIN(num_tiles);
+  KD_STAMP_LANE(kLaneBegin);
 
   if (warp == kConsumers / 32) {
     // ---------------- producer warp ----------------
@@ -91,7 +93,9 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       const int base = kbeg + it * kBN;
       const int next = base + kBN + lane;
       const int slot_next = (lane < kBN && it + 1 < num_tiles && next < kend) ? slot_at(slots, next) : -1;
+      KD_STAMP(kLoadWaitFree, it);
       if (it >= kStages) mbar_wait(&empty[buf], ((it / kStages) - 1) & 1);
+      KD_STAMP(kLoadFree, it);
       const int valid = min(kBN, kend - base);
       if (hooks::kSkipLoads) {
         if (lane == 0) mbar_arrive(&full[buf]);
@@ -102,8 +106,10 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       if (lane < valid)
         bulk_copy_g2s(sK + buf * kBN * kKRow + lane * kKRow, p.kv + static_cast<int64_t>(slot) * kHeadDim,
                       kHeadDim * 2, &full[buf]);
+      KD_STAMP(kLoadIssued, it);
       slot = slot_next;
     }
+    KD_STAMP_LANE(kLaneEnd);
     return;
   }
 
@@ -138,7 +144,9 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
     const int buf = it % kStages;
     const int tile_base = kbeg + it * kBN;
     const __nv_bfloat16* tK = sK + buf * kBN * kKRow;
+    KD_STAMP(kTileWait, it);
     mbar_wait(&full[buf], (it / kStages) & 1);
+    KD_STAMP(kTileReady, it);
 
     // QK over this warp's 144-dim slice, all keys of the tile.
     {
@@ -173,6 +181,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
           mma_bf16_16816(sacc[kNT - 1], qf[kk], b1[cur][2], b1[cur][3]);
         }
       }
+      KD_STAMP(kSIssued, it);
       float* red = sRed + ks * kRows * kRedS;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -182,6 +191,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
       }
     }
     named_barrier_sync(bar_id, kGroupThreads);
+    KD_STAMP(kSDone, it);
 
     // softmax: 8 threads per row, kKPT keys each.
     bool rescale = false;
@@ -207,17 +217,20 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
           s[1] = (v0.y + v1.y) + (v2.y + v3.y);
         }
       }
-      const float alpha =
-          softmax.update(s, mask_row, p.mask_words, tile_base + sc * kKPT, Lp, kend, srow_valid, p.scale_log2);
+      const float alpha = softmax.update(s, mask_row, p.mask_words, tile_base + sc * kKPT, Lp, kend, srow_valid,
+                                         p.scale_log2, tile_needs_mask(tile_base, kBN, Lp, kend));
+      KD_STAMP(kSoftmaxDone, it);
       store_p(sP + sr * kPS + sc * kKPT, s);
       if (sc == 0) sAlpha[sr] = alpha;
       rescale = alpha != 1.f;
     }
     rescale = named_barrier_sync_or(bar_id, kGroupThreads, rescale);
+    KD_STAMP(kPStored, it);
 
     // PV: O[16 rows, 128 ks : 128 ks + 128] = alpha O + P V.
     {
       if (rescale) rescale_rows(acc, sAlpha[g], sAlpha[g + 8]);
+      KD_STAMP(kPVIssued, it);
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         uint32_t pa[4];
@@ -238,6 +251,7 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
     // producer acquires before the next bulk copy), as CUTLASS's TMA pipelines do. A proxy fence
     // here cost 6 % on tensor-core-bound shapes (it waited for the warp's in-flight MMAs);
     // racecheck is clean without it.
+    KD_STAMP(kPVDone, it);
     mbar_arrive(&empty[buf]);
   }
 
@@ -250,6 +264,8 @@ __global__ void __launch_bounds__(ws::kThreadsWS, 1) tree_verify_mla_ws_kernel(c
   named_barrier_sync(bar_id, kGroupThreads);
   store_tile(p, split, grow0 + grp * kRows, grow_base, rows, 0, g, ks * 128 + 2 * t4, acc, sM, sL,
              ks == 0 && t4 == 0, grp == kGroups - 1);
+  KD_STAMP_LANE(kLaneEnd);
+  KD_STAMP_CTA_END();
 }
 
 }  // namespace kdtree

@@ -20,11 +20,6 @@ import torch
 from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
 from kdtree.bench.verify_step import VerifySetup, step_breakdown, token_exact_prompts
 from kdtree.engine import backends, generate
-from kdtree.engine.api import decode_loop
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
 from kdtree.gates import accuracy as accuracy_gate, speedup as speedup_gate, token_exact as token_exact_gate
 from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
@@ -43,7 +38,11 @@ VERIFY_CONTEXTS = (4096, 32768, 131072)
 VERIFY_BATCH = 2
 TREE_BUDGET = 64
 DECODE_RUNS = ((32768, 2), (131072, 1))  # (context, batch) of decode_speedup
-DECODE_NEW_TOKENS = 24
+DECODE_NEW_TOKENS = 64
+DECODE_ROUNDS = 5
+# No round starts past this (the rounds run are kept; rounds_per_arm says whether enough ran), so a
+# slow machine ends the gate with a record instead of being killed by the device call's limit.
+DECODE_TIME_BUDGET_S = 300.0
 # verify_speedup times the step's GPU time: each step is queued behind a GPU busy-wait this long,
 # longer than the eager step's host time (plans/0002, phase 2, gives it for dsv3-tp8's 8 layers),
 # so the Python enqueue of ~270 launches stays out of the figure, as in a CUDA-graph replay.
@@ -344,89 +343,108 @@ def context_label(context: int) -> str:
 
 
 # -- decode_speedup ------------------------------------------------------------------------------
-def _prompt(vocab: int, length: int, rng: random.Random) -> list[int]:
-    motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 256))]
-    return [motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab) for j in range(length)]
+# The decode gate runs the decode benchmark (`kdtree.bench.decode`, also `python -m kdtree.tools.decode`):
+# every backend with CUDA graphs (verify steps and the draft model's decode passes) and eagerly,
+# in interleaved rounds from one prefilled state. The thresholds and targets hold the medians of
+# the graph arms: the kernel backend against the Triton backend as SGLang serves it.
+def _decode_figures(record: dict[str, Any], cand: str, base: str, sm120: Optional[str],
+                    modes: tuple[str, ...]) -> tuple[dict[str, float], dict[str, Any]]:
+    """The gate's figures from a decode record: per context the median ratio of tokens/s of the
+    deciding mode (graphs where run), its interval, the eager ratio, the sm_120 path's, the spread
+    (max/min over rounds) of every arm that decides, and tokens agreement."""
+    figures: dict[str, float] = {}
+    same = 1.0
+    rounds, spreads = [], []
+    deciding = "graph" if "graph" in modes else modes[0]
+    for ctx_rec in record["contexts"]:
+        label = context_label(ctx_rec["context"])
+        arms = ctx_rec["arms"]
 
+        def median(backend, mode):
+            return arms[f"{backend}-{mode}"]["tokens_per_s"]["median"]
 
-def timed_decode(model, prompts: list[list[int]], backends: tuple[str, ...], drafter: str, budget: int,
-                 new_tokens: int, rounds: int = 2, prefill_backend: Optional[str] = None) -> dict[str, Any]:
-    """Prefill once, then decode the same requests from that state with each backend, interleaved
-    `rounds` times (the pool is truncated back to the prompt between runs, so every run starts from
-    the same KV and the same first token). Returns tokens/s (decode only, median) and tokens."""
-
-
-    spec = get_drafter(drafter)
-    slots = sum(len(p) + new_tokens + budget + spec.max_depth + 2 for p in prompts) + 64
-    pool = KVPool(model.config.num_layers, slots, dtype=model.dtype, device=model.device)
-    runners = {name: Runner(model, pool, get_backend(name)) for name in backends}
-    requests = [Request(i, p, new_tokens) for i, p in enumerate(prompts)]
-    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else (lambda: None)
-    t0 = time.perf_counter()
-    runners[prefill_backend or backends[0]].prefill(requests)
-    sync()
-    prefill_s = time.perf_counter() - t0
-    base = {r.rid: list(pool.req_to_token[r.rid]) for r in requests}
-    first = {r.rid: list(r.output) for r in requests}
-    rates: dict[str, list[float]] = {name: [] for name in backends}
-    tokens: dict[str, list[list[int]]] = {}
-    accepted: dict[str, float] = {}
-    for _ in range(rounds):
-        for name in backends:
-            for r in requests:  # back to the state right after prefill
-                extra = pool.req_to_token[r.rid][len(base[r.rid]):]
-                if extra:
-                    pool.free(extra)
-                pool.req_to_token[r.rid] = list(base[r.rid])
-                r.output = list(first[r.rid])
-            sync()
-            t = time.perf_counter()
-            stats = decode_loop(runners[name], requests, spec, budget, release=False)
-            sync()
-            elapsed = time.perf_counter() - t
-            made = sum(len(r.output) - len(first[r.rid]) for r in requests)
-            rates[name].append(made / elapsed)
-            tokens[name] = [list(r.output) for r in requests]
-            accepted[name] = stats.mean_accepted
-    return {"tokens_per_s": {n: statistics.median(v) for n, v in rates.items()}, "runs": rates, "tokens": tokens,
-            "mean_accepted": accepted, "prefill_s": prefill_s}
+        for mode in modes:
+            prefix = "" if mode == deciding else f"{mode}_"
+            figures[f"{prefix}decode_speedup_{label}"] = median(cand, mode) / median(base, mode)
+            figures[f"{prefix}{cand}_tokens_per_s_{label}"] = median(cand, mode)
+            figures[f"{prefix}{base}_tokens_per_s_{label}"] = median(base, mode)
+            interval = ctx_rec["speedups"].get(f"{cand}-{mode}/{base}-{mode}")
+            if interval:
+                figures[f"{prefix}decode_speedup_{label}_low"] = interval["low"]
+                figures[f"{prefix}decode_speedup_{label}_high"] = interval["high"]
+            if sm120:
+                figures[f"{prefix}{SM120}_decode_speedup_{label}"] = median(sm120, mode) / median(base, mode)
+                figures[f"{prefix}{SM120}_tokens_per_s_{label}"] = median(sm120, mode)
+            for backend in (cand, base):
+                if not arms[f"{backend}-{mode}"]["same_tokens"]:
+                    same = 0.0
+        if sm120:
+            figures[f"{SM120}_same_tokens_{label}"] = float(all(arms[f"{sm120}-{m}"]["same_tokens"] for m in modes))
+        if "graph" in modes and "eager" in modes:
+            figures[f"graph_gain_{cand}_{label}"] = median(cand, "graph") / median(cand, "eager")
+            figures[f"graph_gain_{base}_{label}"] = median(base, "graph") / median(base, "eager")
+        deciders = [cand, base] + ([sm120] if sm120 else [])
+        spread = max(arms[f"{b}-{deciding}"]["tokens_per_s"]["spread"] for b in deciders)
+        figures[f"decode_spread_{label}"] = spread
+        spreads.append(spread)
+        rounds += [len(arm["rounds"]) for arm in arms.values()]
+        for backend in deciders:  # the step breakdown of every arm stays in the details (the record)
+            figures[f"accepted_per_step_{backend}_{label}"] = arms[f"{backend}-{deciding}"]["mean_accepted"]
+    figures["decode_spread_max"] = max(spreads) if spreads else math.nan
+    figures["rounds_per_arm"] = min(rounds) if rounds else 0
+    figures["new_tokens_per_request"] = record["config"]["new_tokens"]
+    figures["same_tokens"] = same
+    return figures, {"deciding_mode": deciding}
 
 
 def check_decode_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, runs=DECODE_RUNS,
                          new_tokens: int = DECODE_NEW_TOKENS, device: str = "cuda", backends=("kernel", "triton"),
-                         drafter: str = "ddtree", budget: int = TREE_BUDGET,
-                         sm120: Optional[str] = "default") -> GateResult:
-    """End-to-end speculative decode tokens/s, kernel vs Triton backend, same prompts, same start state.
-    ``sm120`` names the backend of the sm_120 path, decoded in the same rounds and reported as
-    ``sm120_path_decode_speedup_<L>`` against the Triton backend ("default": `sm120_backend()`;
-    None: not run); the thresholds and targets hold the default dispatch."""
+                         drafter: str = "ddtree", budget: int = TREE_BUDGET, sm120: Optional[str] = "default",
+                         rounds: int = DECODE_ROUNDS, modes=("graph", "eager"), breakdown: bool = True,
+                         time_budget_s: Optional[float] = DECODE_TIME_BUDGET_S) -> GateResult:
+    """End-to-end speculative decode tokens/s, kernel vs Triton backend as SGLang serves it, with
+    CUDA graphs and eager, through the decode benchmark (`kdtree.bench.decode.run_decode`): same
+    prompts, same start state, `rounds` interleaved rounds per arm, every round in the details.
+    ``sm120`` names the sm_120 path's backend, decoded in the same rounds and reported as
+    ``sm120_path_decode_speedup_<L>`` ("default": the benchmark's ``sm120``; None: not run)."""
+    from kdtree.bench.decode import DecodeConfig, run_decode  # noqa: PLC0415
+    from kdtree.bench.decode_report import decode_table  # noqa: PLC0415
 
+    cand, base = backends
+    sm120_name = "sm120" if sm120 == "default" else sm120
+    if "triton" in backends and str(device).startswith("cuda"):
+        try:
+            from kdtree.bench.decode_triton import load_kernels  # noqa: PLC0415
+
+            load_kernels()
+        except Exception as err:  # noqa: BLE001 - any import failure means SGLang's kernels are not usable here
+            return GateResult(gate=spec.name, kind=spec.kind, outcome=Outcome.SKIPPED,
+                              reason=f"SGLang's Triton kernels cannot be loaded: {type(err).__name__}: {err}",
+                              summary="skipped: the Triton backend as SGLang serves it needs sglang 0.5.23's kernels")
     model = shared_model(preset_name, device)
-    sm120_name = sm120_backend() if sm120 == "default" else sm120
-    rng = random.Random(ctx.fresh_seed())
-    figures: dict[str, float] = {}
-    details: dict[str, Any] = {"drafter": drafter, "budget": budget, "new_tokens": new_tokens, "preset": preset_name,
-                               "runs": []}
-    same = 1.0
-    for context, batch in runs:
-        ctx.progress(f"decode at L={context} B={batch}: prefill, then {'/'.join(backends)} interleaved", None)
-        prompts = [_prompt(model.config.vocab_size, context, rng) for _ in range(batch)]
-        got = timed_decode(model, prompts, tuple(backends) + ((sm120_name,) if sm120_name else ()), drafter, budget,
-                           new_tokens, prefill_backend=backends[0])
-        cand, base = (got["tokens_per_s"][n] for n in backends)
-        label = context_label(context)
-        if sm120_name:
-            figures[f"{SM120}_decode_speedup_{label}"] = got["tokens_per_s"][sm120_name] / base
-            figures[f"{SM120}_tokens_per_s_{label}"] = got["tokens_per_s"][sm120_name]
-            figures[f"{SM120}_same_tokens_{label}"] = float(got["tokens"][sm120_name] == got["tokens"][backends[0]])
-        figures[f"decode_speedup_{label}"] = cand / base
-        figures[f"{backends[0]}_tokens_per_s_{label}"] = cand
-        figures[f"{backends[1]}_tokens_per_s_{label}"] = base
-        if got["tokens"][backends[0]] != got["tokens"][backends[1]]:
-            same = 0.0
-        details["runs"].append({"context": context, "batch": batch, "prefill_s": got["prefill_s"],
-                                "tokens_per_s": got["tokens_per_s"], "all_runs": got["runs"],
-                                "mean_accepted": got["mean_accepted"],
-                                "same_tokens": got["tokens"][backends[0]] == got["tokens"][backends[1]]})
-    figures["same_tokens"] = same
+    names = tuple(backends) + ((sm120_name,) if sm120_name else ())
+    config = DecodeConfig(contexts=[c for c, _ in runs], batches=[b for _, b in runs], budget=budget, drafter=drafter,
+                          new_tokens=new_tokens, rounds=rounds, backends=names, modes=tuple(modes), baseline=base,
+                          preset=preset_name, device=device, seed=ctx.fresh_seed() % (1 << 31), breakdown=breakdown,
+                          time_budget_s=time_budget_s)
+    record = run_decode(config, model=model, progress=lambda label: ctx.progress(f"decode: {label}", None))
+    figures, extra = _decode_figures(record, cand, base, sm120_name, tuple(modes))
+    details = {"drafter": drafter, "budget": budget, "new_tokens": new_tokens, "preset": preset_name,
+               "rounds": rounds, **extra, "table": decode_table(record), "decode": record,
+               "plot": _decode_plot(record, ctx)}
     return check_metric(spec, figures, ctx, details=details)
+
+
+def _decode_plot(record: dict[str, Any], ctx: GateContext) -> str:
+    """The PNG of tokens/s against context per arm, written into the phase's results folder when the
+    run has one (its name, relative to that folder), or why it was not drawn."""
+    from kdtree.bench.decode_report import save_plot  # noqa: PLC0415
+
+    if ctx.artifacts_dir is None:
+        return "not drawn: the run has no results folder"
+    name = time.strftime("decode-%Y%m%dT%H%M%SZ.png", time.gmtime(record["started"]))
+    try:
+        save_plot(record, ctx.artifacts_dir / name)
+    except ImportError as err:
+        return f"not drawn: matplotlib is not importable here ({err}); python -m kdtree.tools.decode --from-json renders it"
+    return name

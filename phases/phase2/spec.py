@@ -73,19 +73,36 @@ SPEC = PhaseSpec(
                 Threshold(figure="decode_speedup_32k", op=">=", value=1.5, unit="x"),
                 Threshold(figure="decode_speedup_128k", op=">=", value=1.5, unit="x"),
                 Threshold(figure="same_tokens", op="==", value=1.0),
+                Threshold(figure="rounds_per_arm", op=">=", value=5),
+                Threshold(figure="new_tokens_per_request", op=">=", value=64),
             ],
-            description="end-to-end DDTree speculative decoding (budget 64, 24 new tokens) of the dsv3-tp8 "
-                        "model, decode tokens/s after one shared prefill, kernel backend / Triton backend, "
-                        "interleaved, at L = 32k (B=2) and 128k (B=1); both emit the same tokens; the sm_120 path "
-                        "decoded in the same rounds (sm120_path_decode_speedup_*, reported)"),
+            description="end-to-end DDTree speculative decoding (budget 64, 64 new tokens per request) of the "
+                        "dsv3-tp8 model through the decode benchmark (kdtree.bench.decode, python -m "
+                        "kdtree.tools.decode): after one shared prefill, every arm decodes the same requests from "
+                        "the same state, 5 interleaved rounds each, every round recorded: the kernel backend and "
+                        "the Triton backend as SGLang 0.5.23 serves MLA (its extend kernel for verify with static "
+                        "buffers sized for the bucket, its decode kernel for the draft passes), each with CUDA "
+                        "graphs (verify steps and draft decode passes captured once per bucket and replayed) and "
+                        "eagerly, at L = 32k (B=2) and 128k (B=1). decode_speedup_* is the ratio of median decode "
+                        "tokens/s with graphs (its Hodges-Lehmann interval as _low/_high; eager_decode_speedup_* "
+                        "beside it), decode_spread_* the largest max/min over rounds of the arms that decide; all "
+                        "emit the same tokens; the sm_120 path decoded in the same rounds "
+                        "(sm120_path_decode_speedup_*, reported); a step breakdown per arm (GPU time of attention, "
+                        "rest of model, drafting, conversion; host time not hidden behind the GPU)"),
     ],
 )
 
 # The targets (not blocking): figure names of the gates above, the bound, and the gate.
 # The lead moves these into the spec's `targets` field once gates/spec.py has it.
 TARGETS = {
-    "decode_speedup_32k": {"gate": "decode_speedup", "op": ">=", "value": 3.0, "unit": "x"},
-    "decode_speedup_128k": {"gate": "decode_speedup", "op": ">=", "value": 3.0, "unit": "x"},
+    "decode_speedup_32k": {"gate": "decode_speedup", "op": ">=", "value": 3.0, "unit": "x",
+                           "note": "median decode tokens/s with CUDA graphs, kernel / SGLang's Triton backend"},
+    "decode_speedup_128k": {"gate": "decode_speedup", "op": ">=", "value": 5.0, "unit": "x",
+                            "note": "median decode tokens/s with CUDA graphs, kernel / SGLang's Triton backend"},
+    "sm120_path_decode_speedup_32k": {"gate": "decode_speedup", "op": ">=", "value": 2.5, "unit": "x",
+                                      "note": "the sm_120 path forced, with CUDA graphs, / SGLang's Triton backend"},
+    "decode_spread_max": {"gate": "decode_speedup", "op": "<", "value": 1.15,
+                          "note": "max/min tokens/s over rounds, worst arm that decides, every context"},
     "converter_fraction_32k": {"gate": "verify_speedup", "op": "<", "value": 0.10,
                                "note": "SGLang converter GPU time / one kernel call, same batch"},
     "converter_fraction_128k": {"gate": "verify_speedup", "op": "<", "value": 0.10},

@@ -21,7 +21,26 @@ from types import SimpleNamespace
 
 import torch
 
+from kdtree.kernels.reference import tree_verify_mla_reference
+
 PARENT_RESULT = object()
+
+
+class RecordingLaunch:
+    """`cuda_op.launch`'s signature on the oracle; records the plan each call was given, which must
+    fit the call's shapes. A graph batch's kv_indices is the bucket's buffer; the kernel reads only
+    up to kv_indptr[-1] of it, the oracle's value checks want exactly that much."""
+
+    def __init__(self, op=tree_verify_mla_reference):
+        self.op = op
+        self.plans = []
+
+    def __call__(self, q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None, plan=None):
+        self.plans.append(plan)
+        assert plan is not None and plan.mismatch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1],
+                                                  plan.device) is None
+        idx = idx[: int(kvp[-1])]
+        return self.op(q, kv, qo, kvp, idx, mask, scale, out=out, lse=lse)
 
 
 class ForwardMode:

@@ -23,7 +23,7 @@ from kdtree.kernels.reference import tree_verify_mla_reference
 def _backend(fixture, **runner_kw):
     cls = make_backend_class(fake_sglang.TritonAttnBackend)
     backend = cls(fake_sglang.runner_for(fixture, **runner_kw))
-    backend.verify_op = staticmethod(tree_verify_mla_reference)
+    backend.launch_op = fake_sglang.RecordingLaunch()
     return backend
 
 
@@ -169,10 +169,10 @@ def test_a_broken_kernel_is_caught_by_these_checks():
     fx = make_verify_batch(2, [30], 12, seed=9)
 
     def leaky(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
+        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0xFFF, scale, out=out, lse=lse)  # every node of 12
 
     backend = _backend(fx)
-    backend.verify_op = staticmethod(leaky)
+    backend.launch_op = fake_sglang.RecordingLaunch(leaky)
     batch = fake_sglang.batch_for(fx)
     backend.init_forward_metadata(batch)
     out = backend.forward_extend(fx["q"], fx["k_extend"], fx["v_extend"], fake_sglang.mla_layer(2), batch)

@@ -20,7 +20,6 @@ from kdtree.integrations.sglang.backend import make_backend_class
 from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
 from kdtree.kernels import launch_plan
 from kdtree.kernels.device_facts import DeviceFacts
-from kdtree.kernels.reference import tree_verify_mla_reference
 
 POOL = 4200  # every fixture's pool has this many slots, so a replay's pool fits the captured one
 HEADS, N, BS = 4, 8, 3
@@ -31,27 +30,11 @@ def fixture(lens, seed, padded=0, **kw):
     return make_verify_batch(HEADS, lens, N, seed, pool_extra=extra, padded=padded, **kw)
 
 
-class RecordingLaunch:
-    """`cuda_op.launch`'s signature on the oracle; records the plan each call was given. A graph
-    batch's kv_indices is the bucket's buffer; the kernel reads only up to kv_indptr[-1] of it,
-    the oracle's value checks want exactly that much."""
-
-    def __init__(self):
-        self.plans = []
-
-    def __call__(self, q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None, plan=None):
-        self.plans.append(plan)
-        assert plan.mismatch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], plan.device) is None
-        idx = idx[: int(kvp[-1])]
-        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask, scale, out=out, lse=lse)
-
-
 def graph_backend(fx, max_bs=BS):
     cls = make_backend_class(fake_sglang.TritonAttnBackend)
     backend = cls(fake_sglang.runner_for(fx))
-    backend.verify_op = staticmethod(tree_verify_mla_reference)
-    launch = RecordingLaunch()
-    backend.graph_op = launch
+    launch = fake_sglang.RecordingLaunch()
+    backend.launch_op = launch
     backend.init_cuda_graph_state(max_bs, max_bs * N)
     return backend, launch
 
@@ -153,7 +136,10 @@ def test_an_eager_batch_after_graphs_uses_the_eager_path_again():
     backend.init_forward_metadata_out_graph(batch, in_capture=True)
     backend.init_forward_metadata_in_graph(batch)
     forward(backend, fx, batch)
-    calls = len(launch.plans)
+    graph_plan = launch.plans[-1]
     backend.init_forward_metadata(batch)
     check(forward(backend, fx, batch), fx)
-    assert len(launch.plans) == calls, "an eager batch must not take the graph plan"
+    eager_plan = launch.plans[-1]
+    assert eager_plan is not graph_plan, "an eager batch must not take the graph plan"
+    rows = fx["q"].shape[0]
+    assert eager_plan == launch_plan.plan(rows, HEADS, 3, 1, sum([30, 4, 11]) + rows, eager_plan.device)

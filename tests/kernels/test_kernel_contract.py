@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kdtree.kernels import plan, plan_bucket
 from kdtree.kernels.contract import validate
+from kdtree.kernels.device_facts import DeviceFacts
 from kernel_cases import CASES, build
 from kernel_impls import IMPLS
 
@@ -43,6 +45,13 @@ def _drop_own_bit(mask):
     return mask
 
 
+def _set_bit(mask, row, bit):
+    mask = mask.clone()
+    word = int(mask[row, bit // 32]) & 0xFFFFFFFF | (1 << (bit % 32))
+    mask[row, bit // 32] = word - (1 << 32) if word >= 1 << 31 else word
+    return mask
+
+
 def _noncontig(t):
     wide = torch.empty(t.shape[0], 2 * t.shape[1], *t.shape[2:], dtype=t.dtype)
     wide[:, ::2] = t
@@ -69,6 +78,10 @@ BREACHES = {
     "kv_indices negative slot id": ("kv_indices", _with("kv_indices", lambda t: torch.cat([t[:-1], -t[-1:] - 1]))),
     "tree_mask row missing its own node": ("tree_mask", _with("tree_mask", _drop_own_bit)),
     "tree_mask too few words for T_b": ("tree_mask", _with("tree_mask", lambda t: t[:, :1].contiguous())),
+    "tree_mask bit past a tree of 5": ("tree_mask", _with("tree_mask", lambda t: _set_bit(t, 0, 5))),
+    "tree_mask bit in the spare word of a tree of 1": ("tree_mask", _with("tree_mask", lambda t: _set_bit(t, 5, 32))),
+    "tree_mask bit 40 of a tree of 40": ("tree_mask", _with("tree_mask", lambda t: _set_bit(t, 6, 40))),
+    "tree_mask sign bit past a tree of 33": ("tree_mask", _with("tree_mask", lambda t: _set_bit(t, 46, 63))),
     "tree_mask row count": ("tree_mask", _with("tree_mask", lambda t: t[:-1].contiguous())),
     "tree_mask 33 words": ("tree_mask", _with("tree_mask", lambda t: torch.zeros(t.shape[0], 33, dtype=torch.int32))),
     "sm_scale zero": ("sm_scale", {"sm_scale": 0.0}),
@@ -123,3 +136,43 @@ def test_every_cpu_implementation_validates(impl):
     args["tree_mask"] = _drop_own_bit(args["tree_mask"])
     with pytest.raises(ValueError, match=r"^tree_mask:"):
         impl.fn()(*args.values())
+
+
+def test_a_bit_past_the_tree_is_named_with_its_row_and_bit():
+    with pytest.raises(ValueError, match=r"^tree_mask: row 6 sets bit 40, past its request's 40 tree nodes"):
+        _call(**_with("tree_mask", lambda t: _set_bit(t, 6, 40)))
+
+
+# -- the planner's arguments (kdtree.kernels.plan, plan_bucket) -----------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_heads=200), r"^num_heads: the kernel takes 1 to 128 heads, got 200"),
+    (dict(device=DeviceFacts(40, (7, 5))), r"^device: compute capability 7\.5; the kernel needs 8\.0"),
+    (dict(device="cpu"), r"^device: expected a CUDA device, got cpu"),
+])
+def test_plan_refuses_what_the_kernel_cannot_run_naming_the_argument(kwargs, match):
+    args = dict(num_rows=8, num_heads=16, batch=1, mask_words=1, num_kv=100, device=DeviceFacts(132, (9, 0)))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        plan(**args)
+    with pytest.raises(ValueError, match=match):
+        plan_bucket(1, 8, 4096, args["num_heads"], args["device"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA device to plan for")
+def test_plan_without_a_device_on_a_machine_without_cuda_says_what_to_pass():
+    with pytest.raises(ValueError, match=r"^device: no CUDA device here .*DeviceFacts\(sm_count=\.\.\., capability"):
+        plan(8, 16, 1, 1, 100)
+
+
+# -- the torch operator --------------------------------------------------------------------------
+
+def test_the_torch_op_passes_opcheck_on_meta_tensors():
+    from kdtree.kernels.torch_op import tree_verify_mla_op
+
+    inp = build(_CASE, torch.bfloat16, seed=7)
+    nq, h = inp.q.shape[:2]
+    args = [t.to("meta") for t in (inp.q, inp.kv_cache, inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.tree_mask)]
+    out = torch.empty(nq, h, 512, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(nq, h, dtype=torch.float32, device="meta")
+    torch.library.opcheck(tree_verify_mla_op, (*args, inp.sm_scale, out, lse))

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from kdtree.kernels import jit
+from kdtree.kernels.jit import report as jit_report
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"),
                                 reason="nvcc is not installed")
@@ -46,7 +47,7 @@ def test_cache_key_moves_with_flags_and_archs(monkeypatch):
 
 
 def _record(kernel: str, variant: int, threads: int, nbytes: int) -> bytes:
-    return jit._SMEM_RECORD.pack(jit.SMEM_RECORD_TAG, variant, threads, nbytes, kernel.encode())
+    return jit_report._SMEM_RECORD.pack(jit.SMEM_RECORD_TAG, variant, threads, nbytes, kernel.encode())
 
 
 def test_smem_records_are_read_from_the_binary_in_order():

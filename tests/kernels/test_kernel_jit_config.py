@@ -4,6 +4,7 @@ info commands. No compile here (the build command is captured, or a stand-in com
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from click.testing import CliRunner
 from kdtree.kernels import build as build_cli
 from kdtree.kernels import info as info_cli
 from kdtree.kernels import jit
+from kdtree.kernels.jit import cache as jit_cache
+from kdtree.kernels.jit import extension as jit_extension
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +34,7 @@ def test_without_a_variable_each_device_gets_its_own_arch():
 
 @pytest.mark.parametrize("text,archs", [
     ("9.0;12.0", ["sm_90a", "sm_120"]),
-    ("8.0 8.6 9.0+PTX", ["sm_80", "sm_86", "sm_90a"]),
+    ("10.0 12.0 9.0+PTX", ["sm_100", "sm_120", "sm_90a"]),
     ("sm_120,9.0a", ["sm_120", "sm_90a"]),
     ("9.0; sm_90 ;9.0a", ["sm_90a"]),  # every spelling of 9.0 is the build a 9.0 GPU runs
 ])
@@ -82,14 +85,83 @@ def test_the_extension_carries_the_ptx_of_its_newest_arch_only(monkeypatch, tmp_
         commands.append(command(tmp_path / filename))
         return tmp_path / filename
 
-    monkeypatch.setattr(jit, "cached_build", capture)
-    monkeypatch.setattr(jit, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(jit, "build_key", lambda archs, nvcc: "key")
-    jit.build_extension(["sm_90a", "sm_120", "sm_80"])
+    _capture_builds(monkeypatch, capture)
+    jit.build_extension(["sm_90a", "sm_120", "sm_100"])
     codes = [flag for flag in commands[0] if flag.startswith("-gencode")]
     assert codes == ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120,code=sm_120",
-                     "-gencode=arch=compute_120,code=compute_120", "-gencode=arch=compute_80,code=sm_80"]
+                     "-gencode=arch=compute_120,code=compute_120", "-gencode=arch=compute_100,code=sm_100"]
     assert "-DKDTREE_SM90A=1" in commands[0]
+
+
+def _capture_builds(monkeypatch, capture):
+    monkeypatch.setattr(jit_cache, "cached_build", capture)
+    monkeypatch.setattr(jit_extension.toolchain, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(jit_extension.toolchain, "nvcc_archs", lambda nvcc: frozenset())
+    monkeypatch.setattr(jit_extension, "build_key", lambda archs, nvcc: "key")
+
+
+def test_nvcc_compiles_the_archs_in_parallel_one_thread_per_target_at_most_one_per_core(monkeypatch, tmp_path):
+    commands = []
+    _capture_builds(monkeypatch, lambda root, key, filename, command, what, **kw: commands.append(command(tmp_path)))
+    monkeypatch.setattr(jit_extension.os, "cpu_count", lambda: 2)
+    jit.build_extension(["sm_90a", "sm_120"])
+    i = commands[0].index("--threads")
+    assert commands[0][i + 1] == "2"
+    assert jit.nvcc_threads(1) == [] and jit.nvcc_threads(3)[1] == "2"
+
+
+# --- which archs: inherited lists, --arch, what nvcc knows ---------------------------------------
+
+def test_an_inherited_list_builds_only_the_supported_archs_and_says_what_it_dropped(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6;9.0;12.0")
+    req = jit.requested()
+    assert req.archs == ["sm_90a", "sm_120"]
+    assert [item for item, _ in req.dropped] == ["7.5", "8.0", "8.6"] and "sm_90 or newer" in req.dropped[0][1]
+    assert req.describe().startswith("sm_90a, sm_120 (from TORCH_CUDA_ARCH_LIST; dropped 7.5, 8.0, 8.6: the kernel "
+                                     "needs sm_90")
+    assert jit.extension_archs((9, 0)) == ["sm_90a", "sm_120"]
+
+
+def test_a_list_of_only_old_archs_is_refused_saying_why(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5;8.0;8.6")
+    with pytest.raises(jit.JitError, match=r"names no arch the kernel supports \(the kernel needs sm_90"):
+        jit.requested()
+
+
+def test_build_extension_refuses_an_unsupported_arch_before_running_nvcc(monkeypatch):
+    _capture_builds(monkeypatch, lambda *a, **k: pytest.fail("nvcc must not run"))
+    with pytest.raises(jit.JitError, match="^sm_86: the kernel needs sm_90 or newer"):
+        jit.build_extension(["sm_86", "sm_90a"])
+
+
+def test_an_arch_this_nvcc_cannot_compile_is_named_before_the_build(monkeypatch):
+    _capture_builds(monkeypatch, lambda *a, **k: pytest.fail("nvcc must not run"))
+    monkeypatch.setattr(jit_extension.toolchain, "nvcc_archs", lambda nvcc: frozenset({"sm_90", "sm_100"}))
+    with pytest.raises(jit.JitError, match="cannot compile for sm_120; it compiles sm_90, sm_100"):
+        jit.build_extension(["sm_90a", "sm_120"])
+
+
+@pytest.mark.parametrize("arch,why", [("sm_75", "sm_75: the kernel needs sm_90 or newer"),
+                                      ("sm_86", "sm_86: the kernel needs sm_90 or newer (its KV loads use"),
+                                      ("hopper", "arch 'hopper': expected something like sm_90 or sm_120")])
+def test_a_bad_arch_on_the_command_line_is_one_line(arch, why):
+    for args in (["--arch", arch], ["--extension", "--arch", arch]):
+        result = CliRunner().invoke(build_cli.main, args)
+        assert result.exit_code == 2
+        (line,) = result.output.strip().splitlines()
+        assert line.startswith("Error: Invalid value for '--arch': ") and why in line
+
+
+def test_the_cache_key_holds_the_host_compiler_and_pybind11(monkeypatch):
+    monkeypatch.setattr(jit_extension.cuda_toolkit, "nvcc_banner", lambda nvcc: "nvcc build")
+    base = jit.build_key(["sm_120"], "nvcc")
+    monkeypatch.setattr(jit_extension.toolchain, "pybind11_version", lambda: "0.0.1")
+    assert jit.build_key(["sm_120"], "nvcc") != base
+    monkeypatch.undo()
+    monkeypatch.setattr(jit_extension.cuda_toolkit, "nvcc_banner", lambda nvcc: "nvcc build")
+    monkeypatch.setenv("NVCC_CCBIN", "/opt/other/g++-99")
+    assert jit.build_key(["sm_120"], "nvcc") != base
+    assert jit_extension.toolchain.host_compiler(["-ccbin", "/x/clang++"]) == "/x/clang++"
 
 
 # --- the cache ----------------------------------------------------------------------------------
@@ -122,7 +194,57 @@ def test_a_build_logs_when_it_starts_and_when_it_ends_with_seconds_and_path(tmp_
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kdtree.kernels.jit"):
         assert jit.cached_build(tmp_path, "k1", "ext.so", _stand_in_compiler, "building the thing") == path
-    assert not caplog.records  # a cache hit is silent
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]  # a cache hit is at debug only
+    with caplog.at_level(logging.DEBUG, logger="kdtree.kernels.jit"):
+        jit.cached_build(tmp_path, "k1", "ext.so", _stand_in_compiler, "building the thing")
+    assert any(r.levelno == logging.DEBUG and "cached at" in r.getMessage() for r in caplog.records)
+
+
+def _slow_compiler(out: Path) -> list[str]:
+    return [sys.executable, "-c", f"import time; time.sleep(0.5); open({str(out)!r}, 'w').write('built')"]
+
+
+def test_a_long_build_says_it_is_still_compiling(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="kdtree.kernels.jit"):
+        jit.cached_build(tmp_path, "k3", "ext.so", _slow_compiler, "building the thing", heartbeat=0.1)
+    beats = [r.getMessage() for r in caplog.records if "still compiling" in r.getMessage()]
+    assert beats and beats[0].startswith("building the thing: still compiling (")
+
+
+def test_without_any_logging_configured_the_build_lines_go_to_stderr(tmp_path):
+    # a library user that configured nothing: Python would drop INFO lines; the build says them on stderr
+    script = ("import logging, sys; from pathlib import Path; from kdtree.kernels import jit; "
+              f"jit.cached_build(Path({str(tmp_path)!r}), 'k', 'ext.so', "
+              f"lambda out: [sys.executable, '-c', 'open(%r, \"w\").write(str(1))' % str(out)], 'building the thing')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert [line.split(": ")[:2] for line in lines] == [["kdtree.kernels.jit", "building the thing"]] * 2
+    assert "started" in lines[0] and "done in" in lines[1]
+
+
+def test_a_configured_server_log_shows_the_build_lines_through_logging(tmp_path):
+    # SGLang configures the root logger (basicConfig) before it builds backends: the lines go there
+    script = ("import logging, sys; from pathlib import Path; from kdtree.kernels import jit; "
+              "logging.basicConfig(level=logging.INFO, format='[srv] %(message)s', stream=sys.stdout); "
+              f"jit.cached_build(Path({str(tmp_path)!r}), 'k', 'ext.so', "
+              f"lambda out: [sys.executable, '-c', 'open(%r, \"w\").write(str(1))' % str(out)], 'building the thing')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert [line[:32] for line in done.stdout.splitlines()] == ["[srv] building the thing: starte",
+                                                                 "[srv] building the thing: done i"]
+
+
+def test_clear_cache_removes_every_build_and_says_how_much(monkeypatch, tmp_path):
+    monkeypatch.setenv("KDTREE_CACHE_DIR", str(tmp_path))
+    jit.cached_build(tmp_path, "k1", "ext.so", _stand_in_compiler, "building the thing")
+    jit.cached_build(tmp_path / "native", "n1", "core.so", _stand_in_compiler, "building the core")
+    (tmp_path / ".k9-running").mkdir()  # another process's build in flight: kept
+    assert len(jit.cached_builds()) == 2
+    result = CliRunner().invoke(build_cli.main, ["--clear-cache"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"removed 2 build(s), 0.0 MiB, from {tmp_path}")
+    assert jit.cached_builds() == [] and (tmp_path / ".k9-running").is_dir()
 
 
 def test_a_failed_build_logs_and_raises_with_the_compilers_output(tmp_path, caplog):
@@ -163,7 +285,18 @@ def test_warm_up_without_a_gpu_or_an_arch_is_one_line_and_exit_2(monkeypatch):
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "Error: no CUDA GPU is visible here, so there is nothing to build for: name the GPUs' archs with "
-        "--arch (e.g. --arch sm_90a --arch sm_120)"]
+        "--arch (e.g. --arch sm_90a --arch sm_120) or KDTREE_CUDA_ARCHS"]
+
+
+def test_warm_up_on_a_machine_without_a_gpu_builds_what_the_variable_names(monkeypatch):
+    # image and AOT wheel builds: no GPU, the archs named by the variable
+    monkeypatch.setenv("KDTREE_CUDA_ARCHS", "9.0;12.0")
+    monkeypatch.setattr(build_cli, "visible_capabilities", lambda: pytest.fail("no GPU is needed"))
+    built = []
+    monkeypatch.setattr(build_cli, "build_extension", lambda archs: built.append(list(archs)) or Path("/x.so"))
+    result = CliRunner().invoke(build_cli.main, ["--extension"])
+    assert result.exit_code == 0, result.output
+    assert built == [["sm_90a", "sm_120"]] and "extension (sm_90a, sm_120): /x.so" in result.output
 
 
 def test_build_without_nvcc_is_one_line_and_exit_2(monkeypatch):
@@ -192,7 +325,7 @@ def test_info_on_a_machine_without_a_gpu(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "archs: sm_90a, sm_120 (from TORCH_CUDA_ARCH_LIST), PTX for sm_120" in out
-    assert f"cache: {tmp_path / 'kdtree-engine' / 'jit'} (XDG_CACHE_HOME; 0 build(s) in it)" in out
+    assert f"cache: {tmp_path / 'kdtree-engine' / 'jit'} (XDG_CACHE_HOME; 0 build(s) in it; " in out
     assert "GPUs: none visible (torch.cuda.is_available() is False)" in out
     assert "CUDA toolkit:" in out and "SGLang plugin:" in out
 
@@ -226,15 +359,15 @@ def test_plugin_state_follows_kdtree_sglang(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(jit.cuda_toolkit.find_nvcc() is None, reason="nvcc is not installed")
+@pytest.mark.skipif(jit_extension.cuda_toolkit.find_nvcc() is None, reason="nvcc is not installed")
 def test_a_real_build_carries_the_newest_archs_ptx_and_is_logged(monkeypatch, tmp_path, caplog):
-    import subprocess
-
     monkeypatch.setenv("KDTREE_CACHE_DIR", str(tmp_path))
     with caplog.at_level(logging.INFO, logger="kdtree.kernels.jit"):
         so = jit.build_extension(["sm_120"])
     assert so.parent.parent == tmp_path
-    assert [r.getMessage().split(": ")[1].split(" ")[0] for r in caplog.records] == ["started", "done"]
+    said = [r.getMessage().split(": ")[1].split(" ")[0].rstrip(",") for r in caplog.records
+            if "still compiling" not in r.getMessage()]
+    assert said == ["started", "done"]
     cuobjdump = jit.find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump to list the PTX with")

@@ -134,3 +134,39 @@ def test_sglang_custom_mask_errors():
     fewer_slots[1] = 1  # request 0: 2 tree nodes but only 1 slot
     with pytest.raises(ValueError, match="request 0"):
         pack_sglang_custom_mask(custom, mask_indptr, qo, fewer_slots)
+
+
+@pytest.mark.parametrize("batch,match", [
+    ([-1, 0, 1], r"^parents_per_request\[0\]: expected a list of parent indices, got -1"),
+    (np.array([-1, 0, 0]), r"^parents_per_request: expected one parents row per request .* 1-D array"),
+    (torch.tensor([-1, 0]), r"^parents_per_request: expected one parents row per request"),
+    ("abc", r"^parents_per_request: expected a list"),
+    ([], r"^parents_per_request: the batch is empty"),
+    ([[-1, 0], []], r"^parents_per_request\[1\]: a tree needs at least its root"),
+    ([[-1, 0], [-1, 5]], r"^parents_per_request\[1\]: parents\[1\] = 5"),
+])
+def test_pack_tree_masks_names_what_is_wrong_with_the_batch(batch, match):
+    with pytest.raises(ValueError, match=match):
+        pack_tree_masks(batch)
+
+
+def test_pack_tree_masks_takes_a_2d_array_of_equal_trees():
+    rows = np.array([[-1, 0, 0], [-1, 0, 1]])
+    assert torch.equal(pack_tree_masks(rows), pack_tree_masks(rows.tolist()))
+
+
+def test_pack_sglang_custom_mask_on_an_empty_batch_names_qo_indptr():
+    empty = torch.zeros(0, dtype=torch.bool)
+    one = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^qo_indptr: the batch is empty"):
+        pack_sglang_custom_mask(empty, one, one.int(), one.int())
+
+
+def test_pack_sglang_custom_mask_names_a_short_or_shaped_mask():
+    qo = torch.tensor([0, 2], dtype=torch.int32)
+    kv = torch.tensor([0, 3], dtype=torch.int32)
+    mi = torch.tensor([0, 6], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^mask_indptr: ends at 6 but custom_mask has 4 entries"):
+        pack_sglang_custom_mask(torch.ones(4, dtype=torch.bool), mi, qo, kv)
+    with pytest.raises(ValueError, match=r"^custom_mask: expected a flat"):
+        pack_sglang_custom_mask(torch.ones(2, 3, dtype=torch.bool), mi, qo, kv)

@@ -75,9 +75,37 @@ def _metric(spec, ctx, good, bad):
     if knob == "break-plan":  # the plan's markers are damaged while the gates run
         plan = ctx.repo_root / "plans/plan.md"
         plan.write_text(plan.read_text().replace("<!-- orchestrate:end status -->", ""))
+    if knob == "print":  # a chatty gate (pytest -v): Python, fd and child-process output
+        import sys, subprocess, time
+        time.sleep(0.3)
+        for i in range(3000):
+            print("gate line", i)
+        print("to stderr", file=sys.stderr)
+        os.write(1, b"fd-level line\\n")
+        subprocess.run(["echo", "child line"], check=True)
+    if knob == "sleep":  # hangs until the orchestrator stops it
+        import time
+        time.sleep(60)
+    if knob == "cwd":  # reads a file by a path relative to the project root
+        open("src/{pid}/code.py").read()
+    if knob == "env":  # changes the environment the orchestrator's own git calls would see
+        os.environ["GIT_DIR"] = "/nonexistent"
+        os.environ["GIT_INDEX_FILE"] = "/nonexistent/index"
+        os.environ["PATH"] = "/nonexistent"
+    if knob == "nested":  # a gate that runs orchestrate itself
+        import subprocess, sys
+        out = subprocess.run([sys.executable, "-m", "kdtree.orchestrator", "--repo", str(ctx.repo_root),
+                              "plan"], capture_output=True, text=True, timeout=60)
+        print("nested exit", out.returncode, out.stderr)
+        if out.returncode != 2 or "ancestor" not in out.stderr:
+            raise RuntimeError("nested orchestrate was not refused: " + out.stderr)
     th = spec.thresholds[0]
     value = bad if knob == "fail" else good
     details = {{}}
+    if knob == "numpy":
+        import numpy as np
+        details = {{"count": np.int64(7), "rows": np.arange(3), "mean": np.float32(0.5),
+                   "blob": b"\\x00raw", "obj": object()}}
     if knob == "plot":
         value, details = good, {{"plots": ["plans/results/{pid}/speed.png"]}}
     return verdict(spec.name, spec.kind, [Figure(name=th.figure, value=value, unit=th.unit,

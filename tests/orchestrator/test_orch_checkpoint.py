@@ -130,7 +130,7 @@ def test_untracked_files_are_never_committed_silently(project):
     project.cli("run", "p1", "--device", "cpu")
     res = project.cli("checkpoint", "--commit")
     assert "scratch.txt" not in _committed(project) and ".env.local" not in _committed(project)
-    assert "not committed (untracked; pass --include-untracked to add them): .env.local, scratch.txt" in res.stdout
+    assert "not committed (untracked): .env.local, scratch.txt\n  pass --include-untracked to add them" in res.stdout
     assert git(project.root, "status", "--porcelain", "--untracked-files=all").split() == \
         ["??", ".env.local", "??", "scratch.txt"]
 

@@ -56,6 +56,7 @@ def test_the_guide_runs_as_written(tmp_path):
         assert out.returncode == 0, f"$ {what}\n{out.stdout}\n{out.stderr}"
         assert "Traceback" not in out.stderr
     log = subprocess.run(["git", "log", "-1", "--format=%B"], cwd=proj, capture_output=True, text=True).stdout
-    assert log.startswith("checkpoint: parse parsing passed (2/2 gates)") and "First numbers." in log
+    assert log.startswith("checkpoint: parse parsing passed (3/3 gates)") and "First numbers." in log
+    assert "suite: passed" in log
     assert subprocess.run(["git", "status", "--porcelain"], cwd=proj, capture_output=True,
                           text=True).stdout == ""

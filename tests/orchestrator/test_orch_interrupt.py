@@ -19,8 +19,8 @@ def _leftovers(project):
                   if p.name.endswith(".tmp") or p.name == ".lock")
 
 
-@pytest.mark.parametrize("knob", ["sigint", "exit"])
-def test_sigint_or_systemexit_in_a_gate_records_nothing(project, knob):
+@pytest.mark.parametrize("knob", ["sigint"])
+def test_sigint_in_a_gate_records_nothing(project, knob):
     # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
     # Python then keeps it ignored; Ctrl-C at a terminal reaches the default handler.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -40,6 +40,16 @@ def _interrupted_run_records_nothing(project, knob):
     assert _snapshot(project) == before
     assert _leftovers(project) == []  # the lock was released
     assert project.phase("p1")["state"] == "passed"
+
+
+def test_sys_exit_in_a_check_is_an_error_of_that_gate_not_ctrl_c(project):
+    project.cli("run", "p1", "--device", "cpu")
+    project.knobs(p1={"exact": "exit"})
+    res = project.cli("run", "p1", "--device", "cpu", expect=1)
+    assert "interrupted" not in res.output
+    assert "the check called sys.exit(3)" in res.stdout
+    assert len(project.records("p1")) == 2
+    assert project.phase("p1")["state"] == "error"
 
 
 def test_exception_in_a_gate_is_an_error_record_and_keeps_the_previous_one(project):

@@ -64,4 +64,5 @@ def test_replay_refuses_what_it_cannot_do(project):
     project.cli("run", "p1", "--device", "cpu", expect=None)
     run_id = json.loads(project.records("p1")[-1].read_text())["run_id"]
     res = project.cli("replay", "p1", "speed", "--run", run_id, "--device", "cpu", expect=2)
-    assert "recorded no seeds" in res.stderr
+    assert "gate 'speed' drew no random seeds, so there is nothing to replay" in res.stderr
+    assert "`orchestrate run p1 --gate speed`" in res.stderr and "before seeds were kept" not in res.stderr

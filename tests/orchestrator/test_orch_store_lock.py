@@ -89,6 +89,10 @@ def test_no_wait_refuses_at_once_naming_the_holder(project):
         assert project.records("p1") == []
         res = project.cli("checkpoint", "--wait", "0.3", expect=2)
         assert f"pid {holder.pid}" in res.stderr and "after waiting" in res.stderr
+        res = project.cli("plan", "--no-wait", expect=2)
+        assert f"pid {holder.pid}" in res.stderr and "holds the run lock" in res.stderr
+        res = project.cli("plan", "--wait", "0.3", expect=2)
+        assert "after waiting" in res.stderr
     finally:
         holder.kill()
         holder.wait()

@@ -117,7 +117,10 @@ _OLD_GATE = dict(max_row_rel=None, max_abs=5e-2, max_abs_rel=1e9)
 
 
 def _wrong_mask_bit(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-    leaky = mask | 0x7FFFFFFF  # every node sees nodes 0..30, descendants and siblings included
+    sizes = (qo[1:] - qo[:-1]).long()
+    tree = sizes.repeat_interleave(sizes).clamp(max=31)  # each row's request's nodes, up to 31
+    leaky = mask.clone()  # every node sees nodes 0..min(T, 31) - 1, descendants and siblings included
+    leaky[:, 0] |= ((1 << tree) - 1).to(torch.int32)
     return tree_verify_mla_reference(q, kv, qo, kvp, idx, leaky, scale, out=out, lse=lse)
 
 

@@ -189,31 +189,57 @@ def test_verify_speedup_fails_a_candidate_that_is_not_faster():
 
 
 # -- decode_speedup ------------------------------------------------------------------------------
-def _decode(backends, bound=1e-3, sm120=None):
+class Sm120StandIn(TorchBackend):
+    """The sm_120 path's place in the CPU runs: the torch path under another name."""
+
+    name = "test-sm120"
+
+
+register_backend("test-sm120", Sm120StandIn)
+
+
+def _decode(backends, bound=1e-3, sm120=None, rounds=2, breakdown=False, min_rounds=2, ctx=CTX):
     spec = _spec("decode_speedup", thresholds=[
         Threshold(figure="decode_speedup_48", op=">=", value=bound, unit="x"),
-        Threshold(figure="same_tokens", op="==", value=1.0)])
+        Threshold(figure="same_tokens", op="==", value=1.0),
+        Threshold(figure="rounds_per_arm", op=">=", value=min_rounds)])
     return run_check(spec, lambda s, c: phase2_checks.check_decode_speedup(
         s, c, preset_name="tiny", runs=((48, 2),), new_tokens=4, device="cpu", backends=backends,
-        drafter="ddtree", budget=8, sm120=sm120), CTX)
+        drafter="ddtree", budget=8, sm120=sm120, rounds=rounds, modes=("eager",), breakdown=breakdown), ctx)
+
+
+def test_decode_gate_holds_enough_data_and_the_issue_targets():
+    gate = phase2.SPEC.gate("decode_speedup")
+    held = {t.figure: (t.op, t.value) for t in gate.thresholds}
+    assert held["rounds_per_arm"] == (">=", 5) and held["new_tokens_per_request"] == (">=", 64)
+    assert held["decode_speedup_32k"] == (">=", 1.5) and held["decode_speedup_128k"] == (">=", 1.5)
+    targets = {t.figure: (t.op, t.value) for t in gate.targets}
+    assert targets["decode_speedup_32k"] == (">=", 3.0) and targets["decode_speedup_128k"] == (">=", 5.0)
+    assert targets["sm120_path_decode_speedup_32k"] == (">=", 2.5)
+    assert targets["decode_spread_max"] == ("<", 1.15)
+    assert phase2_checks.DECODE_NEW_TOKENS >= 64 and phase2_checks.DECODE_ROUNDS >= 5
 
 
 @pytest.mark.slow
-def test_decode_speedup_reports_the_sm120_path_beside_the_default():
-    result = _decode(("torch", "reference"), sm120="torch")
+def test_decode_speedup_reports_the_sm120_path_and_keeps_every_round(tmp_path):
+    result = _decode(("torch", "reference"), sm120="test-sm120", breakdown=True,
+                     ctx=GateContext(device="cpu", artifacts_dir=tmp_path))
     assert result.outcome is Outcome.PASSED, result.summary
+    assert result.details["decode"]["contexts"][0]["same_tokens"]
     figs = {f.name: f for f in result.figures}
     assert figs["sm120_path_decode_speedup_48"].value > 0 and figs["sm120_path_decode_speedup_48"].threshold is None
     assert figs["sm120_path_same_tokens_48"].value == 1.0
-    assert "kernel-sm120-path" not in result.details["runs"][0]["tokens_per_s"]  # the stand-in ran, not the GPU path
-    assert set(result.details["runs"][0]["tokens_per_s"]) == {"torch", "reference"}
-
-
-@pytest.mark.slow
-def test_decode_speedup_passes_two_exact_backends():
-    result = _decode(("torch", "reference"))
-    assert result.outcome is Outcome.PASSED, result.summary
-    assert result.details["runs"][0]["same_tokens"]
+    record = result.details["decode"]
+    arms = record["contexts"][0]["arms"]
+    assert set(arms) == {"torch-eager", "reference-eager", "test-sm120-eager"}  # the stand-in ran, not the GPU path
+    assert all(len(arm["rounds"]) == 2 for arm in arms.values())
+    assert figs["decode_spread_48"].value >= 1.0 and figs["rounds_per_arm"].value == 2
+    parts = arms["torch-eager"]["breakdown"]
+    assert {"attention_gpu_ms", "rest_gpu_ms", "drafting_gpu_ms", "conversion_gpu_ms", "host_exposed_ms"} <= set(parts)
+    assert figs["accepted_per_step_torch_48"].value >= 1.0
+    assert "torch-eager" in result.details["table"]
+    plot = tmp_path / result.details["plot"]  # the PNG lands in the phase's results folder
+    assert plot.name.startswith("decode-") and plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 @pytest.mark.slow
@@ -228,3 +254,10 @@ def test_decode_speedup_fails_a_slow_candidate():
     result = _decode(("reference", "torch"), bound=1e6)
     assert result.outcome is Outcome.FAILED
     assert "decode_speedup_48" in result.summary, result.summary
+
+
+@pytest.mark.slow
+def test_decode_speedup_fails_with_too_few_rounds():
+    result = _decode(("torch", "reference"), rounds=1, min_rounds=2)
+    assert result.outcome is Outcome.FAILED
+    assert "rounds_per_arm" in result.summary, result.summary
