@@ -56,3 +56,23 @@ def _shapes(q, qo_indptr, kv_indices, tree_mask, kv_runs) -> Optional[tuple]:
         return q.shape[0], q.shape[1], qo_indptr.numel() - 1, tree_mask.shape[1], num_kv, q.get_device()
     except (AttributeError, TypeError):
         return None
+
+
+SM120_CAPABILITY = (12, 0)
+_SM120: dict[str, Callable[..., Any]] = {}  # variant -> its forced kernel
+
+
+def sm120_variant(num_rows: int, num_heads: int, batch: int) -> str:
+    """The variant name compute capability 12.0 dispatches for these shapes (`launch_plan.choose_variant`)."""
+    from kdtree.kernels.launch_plan import choose_variant, variant_name  # noqa: PLC0415
+
+    return variant_name(choose_variant(num_rows * num_heads / max(batch, 1), SM120_CAPABILITY))
+
+
+def sm120_path(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
+    """The sm_120 path: the op contract launched, on this device, with the variant an sm_120 device
+    picks for these shapes (`sm120_variant`), through its plan."""
+    variant = sm120_variant(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1)
+    if variant not in _SM120:
+        _SM120[variant] = forced_kernel(variant)
+    return _SM120[variant](q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse)

@@ -22,32 +22,13 @@ from typing import Any, Callable, Optional
 
 from kdtree.bench import mma_ceiling
 from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_BLOCK as SM120_MAX_SHARED_BYTES
-from kdtree.bench.forced import forced_kernel
+from kdtree.bench.forced import SM120_CAPABILITY, sm120_path, sm120_variant  # noqa: F401 - the phase's dispatch
 from kdtree.bench.roofline import Shape, bytes_moved, flops
 from kdtree.gates.base import Figure, GateResult, Outcome
 from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records
-from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_name
+from kdtree.kernels.launch_plan import VARIANT_NAMES
 
-SM120_CAPABILITY = (12, 0)
 PREFIX = "sm120_path"  # the figure prefix of this dispatch
-
-
-def sm120_variant(num_rows: int, num_heads: int, batch: int) -> str:
-    """The variant name compute capability 12.0 dispatches for these shapes (`launch_plan`)."""
-
-    return variant_name(choose_variant(num_rows * num_heads / max(batch, 1), SM120_CAPABILITY))
-
-
-def sm120_path(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
-    """The op contract, launched with the variant an sm_120 device would pick (`sm120_variant`)."""
-
-    variant = sm120_variant(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1)
-    if variant not in _FORCED:
-        _FORCED[variant] = forced_kernel(variant)
-    return _FORCED[variant](q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse)
-
-
-_FORCED: dict = {}  # variant -> its forced kernel (`kdtree.bench.forced`)
 
 
 def variants_by_config(configs: list) -> dict[str, str]:
