@@ -13,32 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from kdtree.bench.forced import sm120_path, sm120_variant
 from kdtree.engine import backends as engine_backends
 from kdtree.engine.backends import AttentionBackend, OpBackend
 from kdtree.engine.draft_graphs import DraftGraphs
 from kdtree.engine.graph_capture import Bucket, BucketKernelBackend, VerifyGraphs
 from kdtree.engine.speculative import Runner
 
-SM120_CAPABILITY = (12, 0)
 SM120_BACKEND = "kernel-sm120"
 BACKENDS = ("kernel", "triton", "sm120")  # the benchmark's names, in report order
 MODES = ("graph", "eager")
 
 
-def sm120_variant(num_rows: int, num_heads: int, batch: int) -> str:
-    """The variant name compute capability 12.0 dispatches for these shapes."""
-    from kdtree.kernels.launch_plan import choose_variant, variant_name  # noqa: PLC0415
-
-    return variant_name(choose_variant(num_rows * num_heads / max(batch, 1), SM120_CAPABILITY))
-
-
 def sm120_path_op(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
-    """The op contract launched with the variant an sm_120 device picks for these shapes."""
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
-    variant = sm120_variant(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1)
-    return launch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse,
-                  variant=variant)
+    """The op contract launched with the variant an sm_120 device picks for these shapes
+    (`kdtree.bench.forced.sm120_path`)."""
+    return sm120_path(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse)
 
 
 def register() -> None:

@@ -1,4 +1,5 @@
-"""Generic gate mechanisms. They know nothing of MLA and import nothing else of the project.
+"""Generic gate mechanisms: they judge the samples and figures a measurement (`kdtree.bench`) hands
+them and take no timings. They know nothing of MLA and import nothing else of the project.
 
 `kdtree.gates.base` holds outcomes, results and `run_check`; `kdtree.gates.spec` the specs.
 The mechanisms (accuracy, token_exact, speedup, build, sanitizer, ...) are modules of their own,

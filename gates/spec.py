@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,6 +45,10 @@ class GateSpecBase(_Strict):
     description: str = ""
     requires: list[str] = Field(default_factory=list)  # see kdtree.gates.base.KNOWN_REQUIREMENTS
     targets: list[Target] = Field(default_factory=list)
+    # The benchmark's parameters as data (sizes, contexts, batches, trees, trials, by "full" and
+    # "quick" where a quick run measures less): what the gate's measurement runs, where a reader
+    # of the spec sees it.
+    workload: dict[str, Any] = Field(default_factory=dict)
     # Seconds the gate may run before the orchestrator stops it (a timeout outcome); None: the
     # plan's default. Not part of the spec hash: it bounds the run, not what is measured.
     time_limit_s: Optional[float] = Field(None, gt=0)

@@ -4,9 +4,10 @@ The launch plan (how many KV splits, which row tile; `kdtree.kernels.launch_plan
 from tensor *shapes* only, so a call never synchronises the device and can be captured in a CUDA
 graph. `launch` is the internal entry point: the op contract plus ``plan`` (a `LaunchPlan` made
 beforehand, e.g. a CUDA-graph bucket's, run as it is once it is checked against the call's shapes
-and device) or ``variant`` and ``num_splits``, which force the plan's choices for tests and
-measurements (the tools' ``--variant`` / ``--splits``); nothing on the launch path reads the
-process environment. The extension takes one `LaunchParams` (pointers, sizes, plan, stream).
+and device); a forced variant or split count is a plan's (`kdtree.kernels.plan(..., variant=,
+num_splits=)`, the tools' ``--variant`` / ``--splits``); nothing on the launch path reads the
+process environment. When it loads the extension it holds the extension's launch fields, variant
+table and limits to this package's (`check_extension`). The extension takes one `LaunchParams` (pointers, sizes, plan, stream).
 Split partials go to a per-device workspace allocated once, on the first call for that device:
 warm up before capture.
 Pass `out` (and `lse`) to make a call allocation-free.
@@ -25,7 +26,9 @@ import torch
 
 from kdtree.kernels.contract import LATENT_DIM, Problem, validate
 from kdtree.kernels.device_facts import DeviceFacts, device_facts
-from kdtree.kernels.launch_plan import VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan_launch  # noqa: F401
+from kdtree.kernels.launch_plan import (  # noqa: F401
+    BLOCK_M, BLOCK_N, MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, LaunchPlan, plan, runnable_variants,
+)
 from kdtree.kernels.runs import KVRuns
 
 _PLAN_CACHE_SIZE = 4096
@@ -108,13 +111,45 @@ def _extension(device_index: int) -> ModuleType:
         from kdtree.kernels.jit import load_for_capability  # noqa: PLC0415
 
         ext = load_for_capability(cap)
-        fields = tuple(getattr(ext, "launch_fields", ()))
-        if fields != LaunchParams._fields:
-            raise RuntimeError(f"the loaded extension ({getattr(ext, '__file__', ext)}) takes launch fields "
-                               f"{fields}, kdtree.kernels.cuda_op.LaunchParams has {LaunchParams._fields}: "
-                               "it was built from other sources; clear the JIT cache ($KDTREE_CACHE_DIR)")
+        check_extension(ext, cap)
         _extensions[cap] = ext
     return _extensions[cap]
+
+
+def extension_mismatch(ext: ModuleType, capability: tuple[int, int]) -> Optional[str]:
+    """What the extension publishes that this package's copy disagrees with, or None: its launch
+    fields (`LaunchParams`), its variant table (name, id, rows per CTA: `launch_plan.VARIANTS` /
+    `BLOCK_M`, and every variant a device of `capability` runs) and its limits (`BLOCK_N`,
+    `MAX_SPLITS`)."""
+    fields = tuple(getattr(ext, "launch_fields", ()))
+    if fields != LaunchParams._fields:
+        return f"it takes launch fields {fields}, kdtree.kernels.cuda_op.LaunchParams has {LaunchParams._fields}"
+    for name, mine in (("block_n", BLOCK_N), ("max_splits", MAX_SPLITS)):
+        theirs = getattr(ext, name, None)
+        if theirs != mine:
+            return f"its {name} is {theirs!r}, kdtree.kernels.launch_plan's is {mine}"
+    published = {}
+    for row in getattr(ext, "variants", ()):
+        name, variant_id, block_m = row[0], row[1], row[2]
+        published[name] = (variant_id, block_m)
+        if VARIANTS.get(name) != variant_id or BLOCK_M.get(variant_id) != block_m:
+            return (f"its variant {name!r} is id {variant_id} with {block_m} rows per CTA, kdtree.kernels.launch_plan "
+                    f"has id {VARIANTS.get(name)} with {BLOCK_M.get(VARIANTS.get(name))} rows")
+    missing = [name for name in runnable_variants(capability) if name not in published]
+    if missing:
+        return f"it has no variant {', '.join(missing)} (it has {sorted(published)}), which compute capability " \
+               f"{capability[0]}.{capability[1]} runs"
+    return None
+
+
+def check_extension(ext: ModuleType, capability: tuple[int, int]) -> None:
+    """Raise RuntimeError when the extension and this package disagree (`extension_mismatch`):
+    it was built from other sources than the ones beside this module."""
+    why = extension_mismatch(ext, capability)
+    if why is not None:
+        raise RuntimeError(f"the loaded extension ({getattr(ext, '__file__', ext)}) does not match "
+                           f"kdtree.kernels: {why}; it was built from other sources: clear the JIT cache "
+                           "($KDTREE_CACHE_DIR) so that it is built again")
 
 
 def _workspace(device_index: int, device: torch.device):
@@ -143,20 +178,18 @@ def device_state(index: int) -> DeviceState:
     return state
 
 
-def cached_plan(problem: Problem, num_kv: int, sm_count: int, capability: tuple[int, int],
-                variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
-    """`plan_launch` for this call, memoised on all it reads: the shapes, the device and the
-    forced variant and split count (None: the plan's own choice)."""
-    key = (problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv,
-           sm_count, capability, variant, num_splits)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = plan_launch(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words,
-                           num_kv, sm_count, capability, variant=variant, num_splits=num_splits)
+def cached_plan(problem: Problem, num_kv: int, state: DeviceState) -> LaunchPlan:
+    """`launch_plan.plan` for this call on ``state``'s device, memoised on all it reads: the shapes
+    and the device's facts."""
+    facts = state.facts
+    key = (problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv, facts)
+    made = _plans.get(key)
+    if made is None:
+        made = plan(problem.num_rows, problem.num_heads, problem.batch, problem.mask_words, num_kv, facts)
         if len(_plans) >= _PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = plan
-    return plan
+        _plans[key] = made
+    return made
 
 
 def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor,
@@ -173,7 +206,7 @@ def launch_args(problem: Problem, q: torch.Tensor, kv_cache: torch.Tensor, qo_in
         kv_layout = (0, kv_runs.indptr.data_ptr(), kv_runs.start.data_ptr(), kv_runs.pos.data_ptr())
         num_kv = kv_runs.num_kv
     if plan is None:
-        plan = cached_plan(problem, num_kv, state.sm_count, state.capability)
+        plan = cached_plan(problem, num_kv, state)
     ws_o, ws_lse = state.workspace_ptrs
     # tuple.__new__: the named constructor's argument binding would cost more than the rest of this
     return _new_params(LaunchParams, (
@@ -209,13 +242,12 @@ def check_plan(plan: LaunchPlan, problem: Problem, state: DeviceState) -> None:
 def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
            kv_indices: torch.Tensor, tree_mask: torch.Tensor, sm_scale: float, *,
            out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None,
-           variant: Optional[str] = None, num_splits: Optional[int] = None, plan: Optional[LaunchPlan] = None,
-           padded_rows: bool = False, kv_runs: Optional[KVRuns] = None) -> torch.Tensor:
+           plan: Optional[LaunchPlan] = None, padded_rows: bool = False,
+           kv_runs: Optional[KVRuns] = None) -> torch.Tensor:
     """The op contract with the launch plan open: ``plan`` (`kdtree.kernels.plan` /
-    `plan_bucket`) is run as it is, after a check that it was made for this call's shapes (q rows,
-    heads, requests, mask words) and device (a ValueError naming what differs otherwise); without
-    one, the plan is made from the shapes, with ``variant`` (a name of `launch_plan.VARIANTS`) and
-    ``num_splits`` forcing its choices (None: chosen from the shapes). Pass a plan or those, not both.
+    `plan_bucket`, where a variant or split count is forced) is run as it is, after a check that
+    it was made for this call's shapes (q rows, heads, requests, mask words) and device (a
+    ValueError naming what differs otherwise); without one, the plan is made from the shapes.
 
     ``padded_rows`` (CUDA-graph buckets, `launch_plan.plan_bucket`): q may have rows past
     ``qo_indptr[B]`` that no request owns. With several splits the combine pass would merge
@@ -228,9 +260,6 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     Never synchronises the device; after the first call on a device it allocates nothing but
     `out`, and only when none is passed.
     """
-    if plan is not None and (variant is not None or num_splits is not None):
-        raise ValueError("plan: pass a plan or variant / num_splits, not both (the plan holds its variant and "
-                         "split count: kdtree.kernels.plan(..., variant=..., num_splits=...))")
     problem = validate(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out, lse,
                        kv_runs=kv_runs)
     if not q.is_cuda:
@@ -239,7 +268,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_
     state = device_state(q.get_device())
     if plan is None:
         num_kv = kv_indices.numel() if kv_runs is None else kv_runs.num_kv
-        plan = cached_plan(problem, num_kv, state.sm_count, state.capability, variant, num_splits)
+        plan = cached_plan(problem, num_kv, state)
     else:
         check_plan(plan, problem, state)
     if out is None:

@@ -11,9 +11,11 @@ where waves(s) = ceil(CTAs * s / (SMs * CTAs per SM)). Counting whole waves is t
 of 136 one-CTA-per-SM blocks on 132 SMs takes two full tile sweeps, not 1.03, so a split count
 that spills a few CTAs into a second wave runs at about half the rate of one that fills whole waves.
 
-`plan` / `plan_bucket` return a `LaunchPlan` for a device (or its `DeviceFacts`) that a caller
-holds and hands to ``cuda_op.launch(..., plan=...)``; `plan_launch` / `plan_for_bucket` are the
-same from an SM count and capability.
+The two planners, `plan` (one call's exact shapes) and `plan_bucket` (every call of a CUDA-graph
+bucket), return a `LaunchPlan` for a device (or its `DeviceFacts`) that a caller holds and hands
+to ``tree_verify_mla(..., plan=...)``; their ``variant=`` / ``num_splits=`` are the only way to
+force a launch's choices. `kdtree.kernels.cuda_op` holds the constants below to the ones the
+compiled extension publishes when it loads it.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from typing import Optional
 
 from kdtree.kernels.device_facts import DeviceFacts, DeviceLike, device_facts
 
-BLOCK_N = 32
+BLOCK_N = 32  # keys per tile (the extension's block_n)
 WORKSPACE_ROWS = 1 << 15  # split partials: 32768 rows x 512 fp32 = 64 MiB per device
-MAX_SPLITS = 1024
+MAX_SPLITS = 1024  # the extension's max_splits
 
-VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "wgmma": 4}  # name -> id of the launcher (csrc/tree_verify_mla.cu)
-BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}
+# The extension's variant table (name, id, rows per CTA; csrc/tree_verify_mla.cu)
+VARIANTS = {"base16": 1, "base32": 2, "ws": 3, "wgmma": 4}  # name -> id
+BLOCK_M = {1: 16, 2: 32, 3: 32, 4: 64}  # id -> q rows (node x head) per CTA
 NEEDS_SM90 = {"ws"}  # bulk copy engine + mbarriers
 SM90A_ONLY = {"wgmma"}  # wgmma: built into sm_90a extensions only, which run on compute capability 9.0 only
 # Whether the Hopper variant takes the default dispatch on a 9.0 device: it runs the tensor-core-bound
-# shapes in well under the ws kernel's time, and its logits drift from the oracle as much as ws's
-# (`kdtree.tools.variant_audit`); plans/0002 (kernel versions, v6.1) has the figures.
+# shapes faster than the ws kernel, and its logits drift from the oracle as much as ws's
+# (`kdtree.tools.variant_audit`); the plan's kernel versions table has the figures.
 HOPPER_WGMMA_DEFAULT = True
 WGMMA_MIN_ROWS = 64  # rows per request from which the default dispatch (when enabled) takes wgmma
 
@@ -133,28 +136,31 @@ def runnable_variants(capability: tuple[int, int]) -> list[str]:
     return out
 
 
-def choose_variant(rows_per_request: float, capability: tuple[int, int], forced: Optional[str] = None) -> int:
-    """The specialisation for a shape: few rows -> 16-row base tiles, else the ws kernel (base32
-    before sm_90); on a 9.0 device with HOPPER_WGMMA_DEFAULT set, the wgmma kernel from
-    WGMMA_MIN_ROWS rows per request. ``forced`` (a name of VARIANTS) overrides, for tests and
-    measurements, and is refused on a device that cannot run it."""
+def choose_variant(rows_per_request: float, capability: tuple[int, int]) -> int:
+    """The specialisation the default dispatch picks for a shape: few rows -> 16-row base tiles,
+    else the ws kernel (base32 before sm_90); on a 9.0 device with HOPPER_WGMMA_DEFAULT set, the
+    wgmma kernel from WGMMA_MIN_ROWS rows per request."""
     cap = tuple(capability)
-    if forced is not None:
-        if forced not in VARIANTS:
-            raise ValueError(f"variant {forced!r}: expected one of {sorted(VARIANTS)}")
-        if forced in SM90A_ONLY and cap != (9, 0):
-            raise ValueError(f"variant {forced!r} is built for sm_90a only (wgmma), which runs on compute "
-                             f"capability 9.0; this device is sm_{cap[0]}{cap[1]}: use one of "
-                             f"{runnable_variants(cap)}")
-        if forced in NEEDS_SM90 and cap < (9, 0):
-            raise ValueError(f"variant {forced!r} needs sm_90 or newer (bulk copy, mbarrier); this device is "
-                             f"sm_{cap[0]}{cap[1]}: use base16 or base32")
-        return VARIANTS[forced]
     if rows_per_request <= 16:
         return 1
     if HOPPER_WGMMA_DEFAULT and cap == (9, 0) and rows_per_request >= WGMMA_MIN_ROWS:
         return VARIANTS["wgmma"]
     return 3 if cap >= (9, 0) else 2
+
+
+def forced_variant(name: str, capability: tuple[int, int]) -> int:
+    """The id of variant ``name`` (a key of VARIANTS), refused on a device that cannot run it."""
+    cap = tuple(capability)
+    if name not in VARIANTS:
+        raise ValueError(f"variant {name!r}: expected one of {sorted(VARIANTS)}")
+    if name in SM90A_ONLY and cap != (9, 0):
+        raise ValueError(f"variant {name!r} is built for sm_90a only (wgmma), which runs on compute "
+                         f"capability 9.0; this device is sm_{cap[0]}{cap[1]}: use one of "
+                         f"{runnable_variants(cap)}")
+    if name in NEEDS_SM90 and cap < (9, 0):
+        raise ValueError(f"variant {name!r} needs sm_90 or newer (bulk copy, mbarrier); this device is "
+                         f"sm_{cap[0]}{cap[1]}: use base16 or base32")
+    return VARIANTS[name]
 
 
 def split_cost(splits: int, ctas: int, keys_per_request: float, total_rows: int, slots: int) -> float:
@@ -200,20 +206,6 @@ def _choose_splits(ctas: int, tiles: int, total_rows: int, slots: int) -> int:
     return best
 
 
-def plan_launch(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int,
-                sm_count: int, capability: tuple[int, int] = (9, 0), *, variant: Optional[str] = None,
-                num_splits: Optional[int] = None) -> LaunchPlan:
-    """Choose the variant, splits and grid from shapes and a device's SM count and capability (see
-    the module docstring); `plan` is the same from a device or its `DeviceFacts`.
-
-    ``variant`` (a name of VARIANTS) and ``num_splits`` force those choices, for tests and
-    measurements; a forced split count is clamped to what the workspace holds (1 when even one
-    split's partials would not fit, as the automatic choice does).
-    """
-    return _plan(num_rows, num_heads, batch, mask_words, num_kv, DeviceFacts(sm_count, tuple(capability)),
-                 variant, num_splits)
-
-
 def plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int, device: DeviceLike = None, *,
          variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
     """The launch plan of a call of these shapes on `device`, for ``launch(..., plan=...)``.
@@ -222,7 +214,9 @@ def plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: int
     ``batch = qo_indptr.numel() - 1``, ``mask_words = tree_mask.shape[1]``, ``num_kv =
     kv_indices.numel()`` (or ``kv_runs.num_kv``). `device` is a CUDA device (index, name,
     ``torch.device``; None: the current one) or the `DeviceFacts` of one, to plan without it.
-    ``variant`` / ``num_splits`` force those choices (`plan_launch`).
+    ``variant`` (a name of VARIANTS, refused on a device that cannot run it) and ``num_splits``
+    force those choices, for tests and measurements; a forced split count is clamped to what the
+    workspace holds (1 when even one split's partials would not fit, as the automatic choice does).
     """
     if min(num_rows, num_heads, batch, mask_words) < 1 or num_kv < 0:
         raise ValueError(f"plan: need num_rows, num_heads, batch, mask_words >= 1 and num_kv >= 0, got "
@@ -254,7 +248,8 @@ def _plan(num_rows: int, num_heads: int, batch: int, mask_words: int, num_kv: in
           variant: Optional[str], num_splits: Optional[int]) -> LaunchPlan:
     total_rows = num_rows * num_heads
     rows_per_request = total_rows / batch
-    variant_id = choose_variant(rows_per_request, device.capability, variant)
+    variant_id = choose_variant(rows_per_request, device.capability) if variant is None else \
+        forced_variant(variant, device.capability)
     block_m = BLOCK_M[variant_id]
     max_tree = min(num_rows, 32 * mask_words)
     grid_y = math.ceil(max_tree * num_heads / block_m)
@@ -275,7 +270,7 @@ BUCKET_SAMPLES = 6  # lengths of a bucket the split choice is weighed at (geomet
 
 
 def variant_name(variant: int) -> str:
-    """The VARIANTS name of a launcher id (what `cuda_op.launch(variant=...)` takes)."""
+    """The VARIANTS name of a launcher id (what `plan(..., variant=...)` takes)."""
     if variant not in VARIANT_NAMES:
         raise ValueError(f"variant id {variant!r}: expected one of {sorted(VARIANT_NAMES)}")
     return VARIANT_NAMES[variant]
@@ -299,14 +294,6 @@ def bucket_regret(splits: int, ctas: int, lengths: list[int], tree: int, total_r
         worst = max(worst, split_cost(splits, ctas, keys, total_rows, slots) /
                     split_cost(best, ctas, keys, total_rows, slots))
     return worst
-
-
-def plan_for_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, sm_count: int,
-                    capability: tuple[int, int] = (9, 0), *, min_context: Optional[int] = None,
-                    variant: Optional[str] = None, num_splits: Optional[int] = None) -> LaunchPlan:
-    """`plan_bucket` from a device's SM count and capability."""
-    return _plan_bucket(max_batch, max_tree, max_context, num_heads, DeviceFacts(sm_count, tuple(capability)),
-                        min_context, variant, num_splits)
 
 
 def plan_bucket(max_batch: int, max_tree: int, max_context: int, num_heads: int, device: DeviceLike = None, *,

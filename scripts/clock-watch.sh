@@ -13,11 +13,11 @@ for v in ${*:-ws}; do
     --format=csv,noheader -lms 250 > /tmp/clocks_$v.txt &
   smi=$!
   python3 - "$shape" "$v" <<'PY'
-import functools, sys, time, torch
-from kdtree.kernels.cuda_op import launch
+import sys, time, torch
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.cases import call, make_case
 H, T, B, L = (int(x) for x in sys.argv[1].split(","))
-tree_verify_mla = functools.partial(launch, variant=sys.argv[2])
+tree_verify_mla = forced_kernel(sys.argv[2])
 case = make_case(H, [(T, L)] * B, "random", 1, pool_slots=max(4 * B * (L + T), 1 << 20))
 call(tree_verify_mla, case); torch.cuda.synchronize()
 t0 = time.time(); n = 0

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One GPU call that decides between builds of the Hopper wgmma variant (issue 17): every flag set
+# One GPU call that decides between builds of the Hopper wgmma variant: every flag set
 # is built for sm_90a in parallel through the JIT loader, checked against the fp64 oracle (devcheck,
 # wgmma forced; KD_SKIP builds are measurement builds and skip this), and timed interleaved with
 # the ws kernel on tensor-core-bound and bandwidth-bound configs (ratio wgmma / ws per config);
 # then compute-sanitizer (racecheck, memcheck) over the sanitizer driver with the first flag set,
 # and, when .peers-carry is carried, ours (wgmma forced, first flag set) against FlashInfer
-# 0.7.2's FA2/FA3 MLA on the issue's shapes. Logs land in $OUT/hopper-sweep.tgz; the call stays within
+# 0.7.2's FA2/FA3 MLA on the field's shapes (design.md 3b). Logs land in $OUT/hopper-sweep.tgz; the call stays within
 # SWEEP_BUDGET seconds (default 560).
 #   bash scripts/device-hopper-sweep.sh "" "-DKD_SKIP=8"
 # (carry .whl; .peers-carry too for the peers step.) CONFIGS="H,T,B,L;..." overrides the configs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the Hopper (sm_90a, wgmma) variant of issue 17, on the H200 (no network; torch
+# One GPU call for the Hopper (sm_90a, wgmma) variant, on a 9.0 GPU (no network; torch
 # cu130, nvcc through the JIT). Every step is bounded by `timeout`, logs land in $OUT, and the
 # whole call stays within HOPPER_BUDGET seconds (default 540).
 #   bash scripts/device-hopper.sh            build + GPU tests with the variant forced + timing table
@@ -52,11 +52,11 @@ if [ "$BUILD_RC" != 0 ]; then echo "build failed: see $OUT/build.log"; ls "$OUT"
 # a first small launch of the variant, so that a hang (a pipeline deadlock) costs 60 s, not the call
 step smoke 60 python3 - <<'PY'
 import torch
-from kdtree.kernels.cuda_op import launch
+from kdtree.bench.forced import forced_kernel
 from kdtree.bench.cases import call, make_case, oracle
 for H, reqs, splits in [(8, [(16, 1000)], 1), (16, [(33, 5000)], 3), (3, [(17, 77), (3, 1), (2, 0)], None)]:
     case = make_case(H, reqs, "random", seed=5)
-    out = call(lambda *a, **k: launch(*a, **k, variant="wgmma", num_splits=splits), case)
+    out = call(forced_kernel("wgmma", splits), case)
     torch.cuda.synchronize()
     ref, _ = oracle(case)
     o = out.double()

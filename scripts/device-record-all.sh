@@ -22,7 +22,7 @@
 # call that finds the machine still warm takes the phase-1 record from there, so the two calls can
 # follow each other without a copy here in between. Copy the records into plans/results/<phase>/
 # here and run `orchestrate checkpoint --phase <phase> --commit --include-untracked` for each, in order.
-# `rest` ends with the GPU tests of the torch op and the SGLang integration (issue 29).
+# `rest` ends with the GPU tests of the torch op and the SGLang integration.
 set -u
 WHICH=${1:?all, phase1, rest or urgent}
 source "$(dirname "$0")/device-env.sh"
@@ -63,7 +63,7 @@ peers() {  # FlashInfer (and FlashMLA, SGLang's kernel files when carried) from 
       echo "no .peers-carry: FlashInfer's targets will read 'not measured'" | tee -a "$OUT/records.log"
     fi
 }
-user_path_tests() {  # user_path_tests TIMEOUT_S: the torch op and the SGLang integration on the GPU (issue 29)
+user_path_tests() {  # user_path_tests TIMEOUT_S: the torch op and the SGLang integration on the GPU
   timeout "$1" python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_kernel_torch_op.py \
     tests/integrations/test_sglang_gpu.py --junitxml="$OUT/gpu-user-path.xml" 2>&1 | tail -8 | tee -a "$OUT/records.log"
 }

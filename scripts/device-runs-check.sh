@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call for the kernel's run-length path (issue 16 item 3a): its GPU tests (bitwise equal to
+# One GPU call for the kernel's run-length KV metadata path: its GPU tests (bitwise equal to
 # the kv_indices path for every variant, split counts 1 and 3, three layouts; the accuracy suite's
 # cuda-runs cases against the fp64 oracle; phase 4's GPU gate tests), then phase 4's no_slowdown
 # check at B=8, L=32k with its runs-path figures printed as JSON into $OUT/runs-figures.json.

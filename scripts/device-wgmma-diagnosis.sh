@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Is the wgmma variant's token divergence (phase 2, run 20261204T164119737835Z-b773c3) a near-tie
-# or a defect? One device call (carry .whl):
+# Is a token divergence with the wgmma variant dispatched a near-tie or a defect? One device call
+# (carry .whl):
 #   1. kdtree.tools.variant_audit: teacher-forced logit drift of ws and wgmma against the fp64
 #      oracle on phase 2's token_exact prompts, and bitwise reruns (races);
-#   2. phase 1's token_exact trial of run 20261204T163956334096Z-18e019 (seed 2586297672, decoy
-#      margin fraction 0.537 with wgmma dispatched) replayed with ws and with wgmma dispatched;
+#   2. the recorded phase 1 token_exact trial whose seed the `replay` lines below name, replayed
+#      with ws and with wgmma dispatched (plans/results/hopper/20261204-wgmma-near-tie.md);
 #   3. phase 2's token_exact gate with wgmma dispatched on fresh seeds (recorded in the output).
 # Everything lands in $OUT (variant_audit.json, replay-*.json, diagnosis.log).
 # `source scripts/device-wgmma-diagnosis.sh lib` only defines `replay` and `log` for other steps:

@@ -1,5 +1,5 @@
-"""Measurement and checking tools for the tree-verify kernel (GPU-side, mostly), kept out of the
-op's package `kdtree.kernels`:
+"""Command-line programs over the measurement layer (`kdtree.bench`): each parses its arguments,
+calls bench and prints or writes what it measured.
 
     python -m kdtree.tools.bench            the benchmark over the grid, against the roofline
     python -m kdtree.tools.roofline         bytes, FLOPs and floors of the grid
@@ -7,9 +7,12 @@ op's package `kdtree.kernels`:
     python -m kdtree.tools.kernel_times     per-kernel GPU time by forced split count (CUPTI)
     python -m kdtree.tools.mma_ceiling      what mma.sync can reach on this GPU
     python -m kdtree.tools.host_path_bench  host time of one call, on the CPU
+    python -m kdtree.tools.peers            ours against FlashInfer's and FlashMLA's kernels
     python -m kdtree.tools.sanitize_driver  the compute-sanitizer driver
+    python -m kdtree.tools.step_profile     where one verify step spends its time
     python -m kdtree.tools.variant_audit    every variant's logit drift against the oracle (near-tie or defect?)
 
-All inputs come from `kdtree.bench.cases` and all GPU timings from `kdtree.bench.timing` (the
-gates' queued timer). Tools import `kdtree.kernels` and `kdtree.gates`, never the reverse.
+Every timing goes through `kdtree.bench.timing`. Tools import bench, the kernels and the engine;
+nothing imports a tool, and no tool imports another but `bench`, which writes its report with
+`bench_report`'s writer.
 """

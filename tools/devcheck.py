@@ -5,10 +5,10 @@
                                     [--compare-variants wgmma,ws,base32]
 
 Prints the device, the build time, a correctness table (fresh random inputs, NaN-poisoned
-outputs, fp64 oracle; every variant the device runs forced through `kdtree.kernels.cuda_op.launch`) and a
+outputs, fp64 oracle; every variant the device runs forced through its plan, `kdtree.bench.forced`) and a
 timing table (the tools' queued timer, interleaved with the baselines that are importable)
 against the roofline measured in the same run. Writes devcheck.json into --out (default $OUT or
-.). This is the kernel engineer's inner loop; the phase-1 gates and `kdtree.tools.bench` are the
+.). This is the kernel engineer's inner loop (measured by `kdtree.bench.kernel_check`); the phase-1 gates and `kdtree.tools.bench` are the
 formal record. ``--profile H,T,B,L`` only runs that config a few times (for ncu), with
 ``--variant`` / ``--splits`` forcing the launch. ``--compare-variants`` times the named variants
 interleaved in one table (each checked against the first) and prints each one's time over the
@@ -17,7 +17,6 @@ first's, per config and in the median.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -32,13 +31,14 @@ from typing import Optional
 import click
 import torch
 
-from kdtree.bench.accuracy_cases import ACCURACY_CASES
-from kdtree.bench.cases import call, make_case, make_pool, oracle, pool_slots_for
-from kdtree.bench.roofline import Shape, bytes_moved, flops, floor_seconds
-from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.bench.cases import call, make_case, make_pool, pool_slots_for
+from kdtree.bench.forced import forced_kernel
+from kdtree.bench.kernel_check import baselines, check_correctness, parse_configs, time_configs
+from kdtree.bench.timing import make_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS, runnable_variants
+
 
 TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8, 131072),
           (16, 512, 1, 32768), (8, 4, 1, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
@@ -47,46 +47,7 @@ TIMING = [(8, 16, 1, 32768), (8, 16, 1, 131072), (64, 16, 8, 32768), (64, 64, 8,
 
 def kernel(variant: Optional[str] = None, num_splits: Optional[int] = None):
     """The CUDA kernel as an op-contract callable, with its variant / split count forced."""
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
-    return functools.partial(launch, variant=variant, num_splits=num_splits)
-
-
-def check_correctness(fn, trials: int = 2) -> list[dict]:
-    """Every accuracy case (`kdtree.bench.accuracy_cases`), ``trials`` fresh seeds each, against the fp64 oracle."""
-    rows = []
-    for name, H, reqs, kind in ACCURACY_CASES:
-        for _ in range(trials):
-            seed = int.from_bytes(os.urandom(4), "little")
-            case = make_case(H, reqs, kind, seed)
-            nq = case["q"].shape[0]
-            out = torch.full((nq, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-            lse = torch.full((nq, H), float("nan"), dtype=torch.float32, device="cuda")
-            call(fn, case, out=out, lse=lse)
-            torch.cuda.synchronize()
-            ref_out, ref_lse = oracle(case)
-            o = out.double()
-            unwritten = int(torch.isnan(o).sum())
-            rel = float((o - ref_out).norm() / ref_out.norm())
-            mx = float((o - ref_out).abs().max())
-            lse_err = float((lse.double() - ref_lse.double()).abs().max())
-            ok = unwritten == 0 and rel <= 1e-2 and mx <= 5e-2 and lse_err <= 1e-2
-            rows.append(dict(case=name, seed=seed, rel_l2=rel, max_abs=mx, lse_abs=lse_err,
-                             unwritten=unwritten, ok=ok))
-    return rows
-
-
-def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
-    """'H,T,B,L;H,T,B,L' -> [(H, T, B, L), ...], with a clear error for anything else."""
-    configs = []
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        fields = part.split(",")
-        if len(fields) != 4 or not all(f.strip().isdigit() for f in fields):
-            raise ValueError(f"{part!r} is not H,T,B,L (four whole numbers)")
-        configs.append(tuple(int(f) for f in fields))
-    if not configs:
-        raise ValueError(f"{text!r} names no config (expected 'H,T,B,L;...')")
-    return configs
+    return forced_kernel(variant, num_splits)
 
 
 def parse_splits(text: str) -> list[int]:
@@ -102,56 +63,8 @@ def parse_variants(text: str) -> list[str]:
     return names
 
 
-def baselines() -> dict:
-    """The importable baselines by name (naive torch, the Triton kernel)."""
-    found = {}
-    try:
-        from kdtree.kernels.naive import tree_verify_mla_naive  # noqa: PLC0415
-
-        found["naive"] = tree_verify_mla_naive
-    except Exception as exc:  # noqa: BLE001
-        print("naive unavailable:", exc)
-    try:
-        from kdtree.kernels.triton_baseline import tree_verify_mla_triton  # noqa: PLC0415
-
-        found["triton"] = tree_verify_mla_triton
-    except Exception as exc:  # noqa: BLE001
-        print("triton baseline unavailable:", exc)
-    return found
-
-
-def time_configs(configs, pool, bw, fl, fns: dict, timer, budget_s: float = 2.0, layouts=("scattered",)):
-    """Per config and layout: every implementation of ``fns`` checked against the first one,
-    then timed interleaved (median of a few dozen queued calls)."""
-    table = []
-    anchor = next(iter(fns))
-    for H, T, B, L in configs:
-        shape = Shape(H, T, B, L)
-        floor = floor_seconds(shape, bw, fl)
-        for layout in layouts:
-            case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool=pool,
-                             contiguous=layout == "contiguous")
-            ref = call(fns[anchor], case)
-            row = dict(H=H, T=T, B=B, L=L, layout=layout, floor_ms=floor * 1e3)
-            calls, reps = {}, {}
-            for name, fn in fns.items():
-                out = call(fn, case)  # warm-up: JIT compile / autotune stay out of the estimate
-                first = timer(lambda: call(fn, case))
-                if first > budget_s:
-                    row[name] = f"skipped (one call {first:.1f}s > {budget_s}s)"
-                    continue
-                rel = float((out.float() - ref.float()).norm() / ref.float().norm())
-                row[name] = dict(rel_vs_first=rel)
-                calls[name] = lambda r, fn=fn: call(fn, case)
-                reps[name] = max(5, min(50, int(0.3 / max(first, 1e-5))))
-            gpu, _ = time_round_robin(calls, reps, timer)
-            for name, ts in gpu.items():
-                med = statistics.median(ts)
-                row[name].update(ms=med * 1e3, min_ms=min(ts) * 1e3, max_ms=max(ts) * 1e3, roofline=floor / med,
-                                 gbs=bytes_moved(shape) / med / 1e9, tflops=flops(shape) / med / 1e12)
-            table.append(row)
-            print(fmt_row(row, list(fns)), flush=True)
-    return table
+def _print_row(row: dict) -> None:
+    print(fmt_row(row, [k for k in row if isinstance(row[k], (dict, str)) and k != "layout"]), flush=True)
 
 
 def fmt_row(row, names):
@@ -257,26 +170,28 @@ def command(**options) -> int:
         report["ceilings"] = dict(copy_bytes_per_s=bw, bf16_flops_per_s=fl)
         print(f"copy {bw / 1e9:.0f} GB/s  matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
         pool = make_pool(pool_slots_for(args.pool_gb))
-        timer = gpu_timer()
+        timer = make_timer()
         configs = args.configs or (TIMING[:4] if args.quick else TIMING)
         if args.compare_variants:
             print(f"-- variants interleaved: {', '.join(args.compare_variants)}", flush=True)
-            rows_cmp = time_configs(configs, pool, bw, fl, {v: kernel(v) for v in args.compare_variants}, timer)
+            rows_cmp = time_configs(configs, pool, bw, fl, {v: kernel(v) for v in args.compare_variants}, timer,
+                                    on_row=_print_row)
             report["variant_compare"] = dict(variants=args.compare_variants, rows=rows_cmp)
             print(compare_table(rows_cmp, args.compare_variants), flush=True)
         found = baselines() if names != ["none"] else {}
         fns = {n: kernel(args.variant) if n == "cuda" else found[n] for n in names if n == "cuda" or n in found}
-        report["timing"] = time_configs(configs, pool, bw, fl, fns, timer) if fns else []
+        report["timing"] = time_configs(configs, pool, bw, fl, fns, timer, on_row=_print_row) if fns else []
         report["variant_sweep"] = []
         for v in args.time_variants:
             print(f"-- variant={v}")
             report["variant_sweep"].append(dict(variant=v, rows=time_configs(configs, pool, bw, fl,
-                                                                              {"cuda": kernel(v)}, timer)))
+                                                                              {"cuda": kernel(v)}, timer,
+                                                                              on_row=_print_row)))
         report["split_sweep"] = []
         for s in args.splits:
             print(f"-- splits={s}")
             report["split_sweep"].append(dict(splits=s, rows=time_configs(
-                configs, pool, bw, fl, {"cuda": kernel(args.variant, s)}, timer)))
+                configs, pool, bw, fl, {"cuda": kernel(args.variant, s)}, timer, on_row=_print_row)))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     tmp = Path(args.out) / "devcheck.json.tmp"
     tmp.write_text(json.dumps(report, indent=1, default=str))

@@ -14,40 +14,22 @@ GPU only.
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import sys
-from collections import defaultdict
 
 import click
 import torch
 
 from kdtree.bench.cases import call, make_case
+from kdtree.bench.forced import forced_kernel
+from kdtree.bench.kernel_check import parse_configs
+from kdtree.bench.kernel_profile import kernel_times
 from kdtree.bench.roofline import Shape, floor_seconds
-from kdtree.bench.timing import gpu_timer, measure_ceilings
+from kdtree.bench.timing import make_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
 from kdtree.kernels.launch_plan import VARIANTS
-from kdtree.tools.devcheck import parse_configs
-
-
-def kernel_times(fn, reps: int, timer) -> dict[str, list[float]]:
-    """Microseconds per launch of each of the project's CUDA kernels (namespace kdtree) that `fn`
-    runs, over `reps` calls, each queued by ``timer``."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    acts = [torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(reps):
-            timer(fn)
-        torch.cuda.synchronize()
-    times: dict[str, list[float]] = defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "kdtree" in ev.name:
-            times[ev.name].append(ev.time_range.end - ev.time_range.start)
-    return times
 
 
 def short_name(name: str) -> str:
@@ -70,16 +52,14 @@ def parse_split_list(text: str) -> list:
 @common_options
 def command(configs, splits, variant, reps) -> int:
     cli.require_cuda("kdtree.tools.kernel_times", "it times the kernel's launches with the CUDA profiler")
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
     bw, rate = measure_ceilings()
-    timer = gpu_timer()
+    timer = make_timer()
     click.echo(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     for H, T, B, L in configs:
         case = make_case(H, [(T, L)] * B, "random", int.from_bytes(os.urandom(4), "little"), pool_slots=4 * B * (L + T))
         floor_us = floor_seconds(Shape(H, T, B, L), bw, rate) * 1e6
         for n_splits in splits:
-            fn = functools.partial(launch, variant=variant, num_splits=n_splits)
+            fn = forced_kernel(variant, n_splits)
             times = kernel_times(lambda: call(fn, case), reps, timer)
             parts = {short_name(k): statistics.median(v) for k, v in times.items()}
             total = sum(parts.values())

@@ -11,13 +11,14 @@ markdown table to --out. Run on the GPU machine (scripts/device-peers.sh sets up
 ``--flashmla`` also times FlashMLA's dense decode (`kdtree.bench.flashmla_peer`: the sgl-flash-mla
 1.0.0 wheel, causal chain, 64-token pages), held to ours on the chain like the FlashInfer peers.
 
-``--variant`` forces our kernel's variant (`kdtree.kernels.cuda_op.launch`), e.g. the Hopper
-wgmma variant while the default dispatch does not pick it yet.
+``--variant`` forces our kernel's variant through its plan (`kdtree.bench.forced`), e.g. ``ws``
+on a 9.0 device, where the default dispatch takes the wgmma variant from 64 rows per request.
+The measurement is `kdtree.bench.peer_grid`; ``--shapes issue`` is the field's table of shapes
+(docs/design.md section 3b).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -31,68 +32,25 @@ import click
 import torch
 
 from kdtree.bench import flashinfer_peer, flashmla_peer
-from kdtree.bench.cases import case_args, make_pool, pool_slots_for, uniform_case
-from kdtree.bench.roofline import Shape, floor_seconds, grid
-from kdtree.bench.timing import gpu_timer, measure_ceilings, time_round_robin
+from kdtree.bench.cases import make_pool, pool_slots_for
+from kdtree.bench.forced import forced_kernel
+from kdtree.bench.peer_grid import measure
+from kdtree.bench.roofline import Shape, grid
+from kdtree.bench.timing import make_timer, measure_ceilings
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli, tree_verify_mla
 
-ISSUE_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
+
+FIELD_SHAPES = [Shape(16, 16, 1, 32768), Shape(128, 8, 1, 32768), Shape(64, 64, 8, 32768),
                 Shape(128, 64, 1, 131072), Shape(8, 1024, 1, 32768), Shape(8, 4, 1, 131072)]
 
 
 def shapes_for(name: str) -> list[Shape]:
     if name == "issue":
-        return ISSUE_SHAPES
+        return FIELD_SHAPES
     if name == "quick":
         return grid(quick=True)
     return [s for s in grid() if s.L >= 32768]
-
-
-def rel_l2(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
-def measure(shape: Shape, pool, peers: dict, bw: float, rate: float, timer, reps: int, seed: int,
-            ours=tree_verify_mla) -> dict:
-    case = uniform_case(shape.H, shape.T, shape.B, shape.L, "scattered", pool, seed)
-    q, kv, qo, kvp, kvi, tree, scale = case_args(case)
-    chain = flashinfer_peer.chain_mask(qo, device=q.device)
-    out_tree = torch.empty(q.shape[0], shape.H, 512, dtype=q.dtype, device=q.device)
-    out_chain = torch.empty_like(out_tree)
-    calls = {"ours_tree": lambda r: ours(q, kv, qo, kvp, kvi, tree, scale, out=out_tree),
-             "ours_chain": lambda r: ours(q, kv, qo, kvp, kvi, chain, scale, out=out_chain)}
-    row = dict(shape=shape.label, H=shape.H, T=shape.T, B=shape.B, L=shape.L,
-               floor_ms=floor_seconds(shape, bw, rate) * 1e3)
-    calls["ours_chain"](0)
-    torch.cuda.synchronize()
-    ref = out_chain.clone()
-    for name, peer in peers.items():
-        try:
-            run = peer.bind(q, kv, qo, kvp, kvi, scale)
-            got = run()
-            torch.cuda.synchronize()
-        except Exception as exc:  # a peer that refuses a shape is reported, not fatal
-            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            continue
-        row[f"{name}_rel_l2"] = rel_l2(got, ref)
-        if row[f"{name}_rel_l2"] > 1e-2:
-            row[f"{name}_error"] = f"disagrees with ours on the chain: rel-L2 {row[f'{name}_rel_l2']:.3g}"
-            continue
-        calls[name] = lambda r, run=run: run()
-    for fn in calls.values():
-        fn(0)
-    gpu, host = time_round_robin(calls, {n: reps for n in calls}, timer)
-    for name, ts in gpu.items():
-        row[f"{name}_ms"] = statistics.median(ts) * 1e3
-        row[f"{name}_spread"] = [min(ts) * 1e3, max(ts) * 1e3]
-        row[f"{name}_host_us"] = statistics.median(host[name]) * 1e6
-        row[f"{name}_roofline"] = row["floor_ms"] / row[f"{name}_ms"]
-    for name in peers:
-        if f"{name}_ms" in row:
-            row[f"{name}_over_ours_tree"] = row[f"{name}_ms"] / row["ours_tree_ms"]
-    return row
 
 
 def markdown(rows: list[dict], facts: dict) -> str:
@@ -142,9 +100,7 @@ def command(**options) -> int:
     cli.require_cuda("kdtree.tools.peers", "it times our kernel against FlashInfer's on the GPU")
     ours = tree_verify_mla
     if args.variant:
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-
-        ours = functools.partial(launch, variant=args.variant)
+        ours = forced_kernel(args.variant)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     peers = {}
@@ -165,7 +121,7 @@ def command(**options) -> int:
             print(f"flashmla: loaded flash_mla {flashmla_peer.version()}", flush=True)
     bw, rate = measure_ceilings()
     pool = make_pool(pool_slots_for(args.pool_gb))
-    timer = gpu_timer()
+    timer = make_timer()
     facts = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                  flashinfer=(flashinfer_peer.version() or "absent") + (f" ({args.tag})" if args.tag else ""), bw=bw, rate=rate, python=platform.python_version(),
                  variant=args.variant or "dispatch", flash_mla=flashmla_peer.version() if args.flashmla else None,

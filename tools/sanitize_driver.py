@@ -2,12 +2,10 @@
 
     compute-sanitizer --tool memcheck python -m kdtree.tools.sanitize_driver
 
-Inputs are built on the host and copied over, and the oracle runs on the host, so the only GPU
-kernels launched are the tree-verify kernels (and the split combine). Every variant the device
-runs (`launch_plan.runnable_variants`: wgmma on compute capability 9.0) is forced
-through `kdtree.kernels.cuda_op.launch`, with the plan's split count and with a forced one.
-Prints DONE_MARKER last, so a run that dies early can never pass as clean. Exit status 1 if any
-output is wrong.
+What it runs is `kdtree.bench.sanitize_cases`: every variant the device runs, forced through its
+plan, with the plan's split count and with a forced one, against the oracle on the host; it
+prints `DONE_MARKER` last, so a run that dies early can never pass as clean. Exit status 1 if
+any output is wrong.
 """
 
 from __future__ import annotations
@@ -15,51 +13,17 @@ from __future__ import annotations
 import sys
 
 import click
-import torch
 
+from kdtree.bench.sanitize_cases import check_every_variant
 from kdtree.cli_support import common_options
 from kdtree.kernels import cli
-
-DONE_MARKER = "kdtree-sanitize-driver: done"
-CASES = [  # (H, [(T_b, L_b)], tree kind): short prefixes, splits, mask words, ragged tiles
-    (8, [(16, 70)], "random"),
-    (3, [(5, 0), (1, 9), (40, 33)], "random"),
-    (16, [(33, 2100)], "star"),
-    (128, [(2, 17)], "chain"),
-]
-FORCED_SPLITS = (None, 3)  # the plan's own, and three splits even where it would take one
 
 
 @click.command(context_settings=cli.CONTEXT, help=__doc__.splitlines()[0])
 @common_options
 def command() -> int:
     cli.require_cuda("kdtree.tools.sanitize_driver", "it launches every kernel variant")
-    from kdtree.bench.cases import make_case  # noqa: PLC0415
-    from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
-    from kdtree.kernels.launch_plan import runnable_variants  # noqa: PLC0415
-    from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
-
-    bad = 0
-    for variant in runnable_variants(torch.cuda.get_device_capability()):
-        for splits in FORCED_SPLITS:
-            for H, reqs, kind in CASES:
-                host = make_case(H, reqs, kind, seed=7, device="cpu")
-                dev = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in host.items()}
-                nq = host["q"].shape[0]
-                out = torch.full((nq, H, 512), float("nan"), dtype=torch.bfloat16).to("cuda")
-                lse = torch.full((nq, H), float("nan"), dtype=torch.float32).to("cuda")
-                launch(dev["q"], dev["kv_cache"], dev["qo_indptr"], dev["kv_indptr"], dev["kv_indices"],
-                       dev["tree_mask"], dev["sm_scale"], out=out, lse=lse, variant=variant, num_splits=splits)
-                got = out.to("cpu").double()
-                ref = tree_verify_mla_reference(host["q"].double(), host["kv_cache"].double(), host["qo_indptr"],
-                                                host["kv_indptr"], host["kv_indices"], host["tree_mask"],
-                                                host["sm_scale"])
-                rel = float((got - ref).norm() / ref.norm())
-                ok = rel <= 1e-2 and not torch.isnan(got).any()
-                bad += not ok
-                print(f"{variant:7s} splits={splits or 'auto'} H{H} {reqs}: rel {rel:.2e} {'ok' if ok else 'WRONG'}",
-                      flush=True)
-    print(DONE_MARKER, flush=True)
+    bad = check_every_variant(lambda line: print(line, flush=True))
     return 1 if bad else 0
 
 

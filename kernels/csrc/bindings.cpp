@@ -4,7 +4,9 @@
 //
 // `run(params)` takes the fields of kLaunchFields, in that order, as one tuple (cuda_op's
 // `LaunchParams` named tuple); the module publishes the names as `launch_fields`, which cuda_op
-// compares with its own when it loads the extension. The KV layout is whichever is set: kv_indices
+// compares with its own when it loads the extension, as it does the variant table (`variants`:
+// name, id, rows per CTA, threads, shared memory) and the limits (`block_n`, `max_splits`,
+// `max_grid_yz`). The KV layout is whichever is set: kv_indices
 // (run pointers 0) or the three run pointers (kv_indices 0).
 #include <pybind11/pybind11.h>
 
@@ -71,6 +73,8 @@ void run(const py::tuple& a) {
   p.kv_run_indptr = ptr<const int32_t>(a, kKvRunIndptr);
   p.kv_run_start = ptr<const int32_t>(a, kKvRunStart);
   p.kv_run_pos = ptr<const int32_t>(a, kKvRunPos);
+  p.grid_y = num<int>(a, kGridY);
+  p.variant = num<int>(a, kVariant);
   const int runs_set = (p.kv_run_indptr != nullptr) + (p.kv_run_start != nullptr) + (p.kv_run_pos != nullptr);
   if (runs_set != 0 && runs_set != 3) {
     throw std::invalid_argument("run: kv_run_indptr, kv_run_start and kv_run_pos are set together or not at all");
@@ -78,8 +82,8 @@ void run(const py::tuple& a) {
   if (runs_set == 3 && p.kv_indices != nullptr) {
     throw std::invalid_argument("run: kv_indices must be 0 when the KV runs are set (one KV layout per launch)");
   }
-  cudaError_t err = kdtree::launch_tree_verify_mla(p, num<int>(a, kGridY), num<int>(a, kVariant),
-                                                   reinterpret_cast<cudaStream_t>(num<std::uintptr_t>(a, kStream)));
+  cudaError_t err =
+      kdtree::launch_tree_verify_mla(p, reinterpret_cast<cudaStream_t>(num<std::uintptr_t>(a, kStream)));
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("tree_verify_mla launch failed: ") + cudaGetErrorName(err) + ": " +
                              cudaGetErrorString(err));
@@ -112,5 +116,17 @@ PYBIND11_MODULE(_tree_verify_mla, m) {
   py::tuple fields(static_cast<std::size_t>(kNumLaunchFields));
   for (std::size_t i = 0; i < kNumLaunchFields; ++i) fields[i] = py::str(kLaunchFields[i]);
   m.attr("launch_fields") = fields;
-  m.attr("block_n") = 32;
+  // The variant table and the limits, as this build has them: cuda_op holds launch_plan's copy to
+  // them when it loads the extension.
+  const int count = kdtree::num_variants();
+  py::tuple variants(static_cast<std::size_t>(count));
+  for (int v = 1; v <= count; ++v) {
+    const kdtree::VariantInfo info = kdtree::variant_info(v);
+    variants[v - 1] = py::make_tuple(info.name, info.id, info.block_m, info.threads, info.smem);
+  }
+  m.attr("variants") = variants;
+  const kdtree::LaunchLimits limits = kdtree::launch_limits();
+  m.attr("block_n") = limits.block_n;
+  m.attr("max_splits") = limits.max_splits;
+  m.attr("max_grid_yz") = limits.max_grid_yz;
 }

@@ -19,8 +19,9 @@ using KernelFn = void (*)(TreeVerifyParams);
 // the dynamic shared memory it is launched with.
 struct Variant {
   KernelFn kernel;
-  int threads;
-  int smem;
+  VariantInfo info;
+  int threads() const { return info.threads; }
+  int smem() const { return info.smem; }
 };
 #if KDTREE_SM90A
 constexpr int kNumVariants = 5;
@@ -28,30 +29,31 @@ constexpr int kNumVariants = 5;
 constexpr int kNumVariants = 4;
 #endif
 const Variant kVariants[kNumVariants] = {
-    {nullptr, 0, 0},
-    {tree_verify_mla_kernel<1>, base::kThreads, base::Smem<1>::total},  // base16
-    {tree_verify_mla_kernel<2>, base::kThreads, base::Smem<2>::total},  // base32
-    {tree_verify_mla_ws_kernel, ws::kThreadsWS, ws::Smem::total},       // ws: sm_90+ (bulk copy + mbarrier)
+    {nullptr, {"", 0, 0, 0, 0}},
+    {tree_verify_mla_kernel<1>, {"base16", 1, base::Smem<1>::BM, base::kThreads, base::Smem<1>::total}},
+    {tree_verify_mla_kernel<2>, {"base32", 2, base::Smem<2>::BM, base::kThreads, base::Smem<2>::total}},
+    // ws: sm_90+ (bulk copy + mbarrier)
+    {tree_verify_mla_ws_kernel, {"ws", 3, ws::kGroups * ws::kRows, ws::kThreadsWS, ws::Smem::total}},
 #if KDTREE_SM90A
-    {tree_verify_mla_wgmma_kernel, wg::kThreads, wg::Smem::total},  // wgmma: sm_90a only
+    {tree_verify_mla_wgmma_kernel, {"wgmma", 4, wg::kBM, wg::kThreads, wg::Smem::total}},  // sm_90a only
 #endif
 };
 
 constexpr int kMaxDevices = 64;
 bool configured[kNumVariants][kMaxDevices] = {};  // max dynamic smem raised for (variant, device)
 
-cudaError_t launch_variant(const Variant& v, bool (&done)[kMaxDevices], const TreeVerifyParams& p, int grid_y,
+cudaError_t launch_variant(const Variant& v, bool (&done)[kMaxDevices], const TreeVerifyParams& p,
                            cudaStream_t stream) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev >= kMaxDevices || !done[dev]) {
-    err = cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem);
+    err = cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem());
     if (err != cudaSuccess) return err;
     if (dev < kMaxDevices) done[dev] = true;
   }
-  dim3 grid(p.num_splits, grid_y, p.batch);
-  v.kernel<<<grid, v.threads, v.smem, stream>>>(p);
+  dim3 grid(p.num_splits, p.grid_y, p.batch);
+  v.kernel<<<grid, v.threads(), v.smem(), stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits == 1 || hooks::kSkipCombine) return err;
   combine_splits_kernel<<<dim3(static_cast<unsigned>(p.total_rows), kCombineQuarters), kCombineThreads, 0, stream>>>(p);
@@ -60,15 +62,25 @@ cudaError_t launch_variant(const Variant& v, bool (&done)[kMaxDevices], const Tr
 
 }  // namespace
 
-cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int variant, cudaStream_t stream) {
-  if (p.total_rows <= 0 || p.batch <= 0 || grid_y <= 0 || p.num_splits <= 0 || p.num_splits > kMaxSplits)
+constexpr int kMaxGridYZ = 65535;  // CUDA's limit on grid dimensions y and z
+
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, cudaStream_t stream) {
+  if (p.total_rows <= 0 || p.batch <= 0 || p.grid_y <= 0 || p.num_splits <= 0 || p.num_splits > kMaxSplits)
     return cudaErrorInvalidValue;
-  if (grid_y > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
-  if (variant <= 0 || variant >= kNumVariants) return cudaErrorInvalidValue;
-  return launch_variant(kVariants[variant], configured[variant], p, grid_y, stream);
+  if (p.grid_y > kMaxGridYZ || p.batch > kMaxGridYZ) return cudaErrorInvalidConfiguration;
+  if (p.variant <= 0 || p.variant >= kNumVariants) return cudaErrorInvalidValue;
+  return launch_variant(kVariants[p.variant], configured[p.variant], p, stream);
 }
 
-int shared_bytes(int variant) { return variant > 0 && variant < kNumVariants ? kVariants[variant].smem : -1; }
+int shared_bytes(int variant) { return variant > 0 && variant < kNumVariants ? kVariants[variant].smem() : -1; }
+
+int num_variants() { return kNumVariants - 1; }
+
+VariantInfo variant_info(int variant) {
+  return variant > 0 && variant < kNumVariants ? kVariants[variant].info : VariantInfo{"", 0, 0, 0, 0};
+}
+
+LaunchLimits launch_limits() { return {kBlockN, kMaxSplits, kMaxGridYZ}; }
 
 // The dynamic shared memory of every kernel in this translation unit, as data in the object
 // file: kdtree.kernels.jit reads these records from the compiled binary for the build gate, so

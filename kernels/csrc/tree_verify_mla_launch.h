@@ -31,15 +31,41 @@ struct TreeVerifyParams {
   const int32_t* kv_run_indptr;  // [B + 1]
   const int32_t* kv_run_start;   // [R]
   const int32_t* kv_run_pos;     // [R], 0 for each request's first run, increasing
+  // The plan (kdtree.kernels.LaunchPlan), last so that the kernels' view of the fields above is
+  // unchanged: row blocks per request (an upper bound from shapes) and the variant's id.
+  int grid_y;
+  int variant;
 };
 
-// Launch on `stream`: no allocation, no synchronisation. grid_y = row blocks per request (an
-// upper bound from shapes); variant: 1 and 2 the base kernel with 16 or 32 rows per CTA, 3 the
+// Launch p.variant on `stream` with grid (p.num_splits, p.grid_y, p.batch): no allocation, no
+// synchronisation. Variants: 1 and 2 the base kernel with 16 or 32 rows per CTA, 3 the
 // warp-specialised kernel (32 rows per CTA, sm_90+), 4 the wgmma kernel (64 rows per CTA; only in
 // builds for sm_90a, where KDTREE_SM90A is defined; elsewhere 4 is an invalid variant).
-cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, int grid_y, int variant, cudaStream_t stream);
+cudaError_t launch_tree_verify_mla(const TreeVerifyParams& p, cudaStream_t stream);
 
 // Dynamic shared memory per block of a variant (-1 for an unknown one).
 int shared_bytes(int variant);
+
+// One launchable variant as this build has it: what kdtree.kernels.launch_plan plans with.
+struct VariantInfo {
+  const char* name;  // launch_plan.VARIANTS' key
+  int id;            // launch_plan.VARIANTS' value
+  int block_m;       // query rows (node x head) per CTA
+  int threads;
+  int smem;          // dynamic shared memory per block, bytes
+};
+
+// The variants this build launches have ids 1 .. num_variants(); variant_info of any other id
+// has id 0.
+int num_variants();
+VariantInfo variant_info(int variant);
+
+// The limits the planner must respect, from the kernels' own constants.
+struct LaunchLimits {
+  int block_n;      // keys per tile: splits are cut at multiples of it
+  int max_splits;   // the most KV splits one launch combines
+  int max_grid_yz;  // the most grid_y and batch of one launch
+};
+LaunchLimits launch_limits();
 
 }  // namespace kdtree

@@ -15,12 +15,19 @@ from typing import Any
 
 import torch
 
-from kdtree.bench import timing as bench_timing
+from kdtree.bench import timing
 from kdtree.bench.accuracy_cases import ACCURACY_CASES
 from kdtree.bench.cases import case_args, make_case, make_pool, oracle, pool_slots_for, uniform_case
+from kdtree.bench.coverage_cases import accuracy_cases as coverage, device_variants
 from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_SM
+from kdtree.bench.layouts import time_layouts
 from kdtree.bench.roofline import Shape, floor_seconds, floors
-from kdtree.bench.timing import gpu_timer
+from kdtree.bench.sanitize_cases import DONE_MARKER
+from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
+from kdtree.bench.structured_cases import dominant_key_case, row_scale
+from kdtree.bench.token_probe import (
+    counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
+)
 from kdtree.engine import build_model, generate
 from kdtree.gates import accuracy as accuracy_gate, build as build_gate, sanitizer as sanitizer_gate
 from kdtree.gates import speedup as speedup_gate, token_exact as token_exact_gate
@@ -28,23 +35,16 @@ from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import GateContext, GateResult
 from kdtree.gates.build import BuildOutput
 from kdtree.gates.metric import check_metric
-from kdtree.gates.speedup import SpeedConfig
 from kdtree.gates.token_exact import RunStats, Stream
 from kdtree.kernels import triton_baseline, tree_verify_mla
 from kdtree.kernels.jit import compile_arch
 from kdtree.kernels.naive import tree_verify_mla_naive
-from kdtree.phases.phase1.cases import dominant_key_case, row_scale
-from kdtree.phases.phase1.coverage import accuracy_cases as coverage, device_variants
 from kdtree.phases.phase1.peers import add_flashmla_figures, add_peer_figures
 from kdtree.phases.phase1.sm120 import (
     PREFIX as SM120, add_mma_ceiling_figures, extension_smem_bytes, hold_smem, sm120_path, variants_by_config,
 )
-from kdtree.phases.phase1.tokens import (
-    counted_backend, decoy_step, margin_report, probe_model, same_length, screened_step,
-)
-from kdtree.tools.sanitize_driver import DONE_MARKER
 
-# Structured cases (`cases.dominant_key_case`): keys that dominate their rows at the tail of
+# Structured cases (`kdtree.bench.structured_cases.dominant_key_case`): keys that dominate their rows at the tail of
 # the prefix, at both sides of every 32-key tile edge (every split boundary of every split count),
 # at the first and last tree slot, plus rows that target a slot they must not see. Sized so that
 # T x H x 8 targets hold every marked key (about (L+T)/16 of them). L past 8192 in each.
@@ -56,12 +56,11 @@ STRUCTURED_CASES = [
     ("dominant mixed H16", 16, [(5, 9000), (33, 100), (1, 0)], "random"),
 ]
 
-# Speed configs at L >= 32k (the targets are stated there): (H, T, B, L).
-SPEED_CONFIGS = [(8, 16, 1, 32768), (8, 64, 1, 32768), (64, 16, 1, 32768), (64, 64, 1, 32768),
-                 (8, 16, 8, 32768), (64, 16, 8, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
-                 (16, 512, 1, 32768), (8, 1024, 1, 32768), (8, 16, 1, 131072), (16, 64, 1, 131072)]
-SPEED_CONFIGS_QUICK = SPEED_CONFIGS[:4]
-SCATTER_CONFIGS = [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768), (128, 64, 1, 32768)]
+
+
+def _workload(spec, ctx: GateContext) -> dict:
+    """The gate's workload in the spec for this run: its "quick" one on a quick run where it has one."""
+    return spec.workload["quick" if ctx.quick and "quick" in spec.workload else "full"]
 
 
 def jittered(reqs: list[tuple[int, int]], seed: int) -> list[tuple[int, int]]:
@@ -229,10 +228,10 @@ class _Pool:
 
 
 def _gpu_timer():
-    """The tools' timer (`kdtree.bench.timing.gpu_timer`): L2 wiped (by reading) and a GPU
+    """The bench's timer (`kdtree.bench.timing.make_timer`): L2 wiped (by reading) and a GPU
     busy-wait queued before each call, so the events measure GPU time, not host enqueue time."""
 
-    return gpu_timer()
+    return timing.make_timer()
 
 
 def refresh_queries(case: dict, seed: int) -> None:
@@ -267,8 +266,9 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
     smem_of = smem_of or _device_smem
     sm120_smem_per_sm = sm120_smem_per_sm or SM120_SMEM_PER_SM
     ctx.progress("measuring copy bandwidth and bf16 matmul rate", None)
-    bw, rate = bench_timing.measure_ceilings()
-    pool = _Pool(2.0 if ctx.quick else 8.0).tensor
+    bw, rate = timing.measure_ceilings()
+    workload = _workload(spec, ctx)
+    pool = _Pool(workload["pool_gb"]).tensor
 
     def config(H, T, B, L):
         return SpeedConfig(
@@ -276,14 +276,14 @@ def _speed(spec, ctx: GateContext, baseline_name: str, candidate_fn=None, sm120_
             make_inputs=lambda seed, device: uniform_case(H, T, B, L, "scattered", pool, seed),
             refresh=refresh_queries)
 
-    configs = [config(*c) for c in (SPEED_CONFIGS_QUICK if ctx.quick else SPEED_CONFIGS)]
+    configs = [config(*c) for c in workload["configs"]]
     op = candidate_fn or tree_verify_mla
     floor_s = lambda cfg: floor_seconds(Shape(**cfg.params), bw, rate)  # noqa: E731
     with_sm120 = baseline_name == "triton"
     others = {SM120: lambda c: sm120_op(*case_args(c))} if with_sm120 else None
-    result = speedup_gate.check_speedup(spec, configs, lambda c: op(*case_args(c)),
-                           lambda c: baseline_fn(*case_args(c)), ctx, timer=_gpu_timer(), floor_s=floor_s,
-                           others=others)
+    measured = measure_speedup(configs, lambda c: op(*case_args(c)), lambda c: baseline_fn(*case_args(c)), ctx,
+                               **speed_protocol(spec), timer=_gpu_timer(), floor_s=floor_s, others=others)
+    result = speedup_gate.judge_speedup(spec, measured, ctx)
     result.details["ceilings"] = {"copy_bytes_per_s": bw, "bf16_flops_per_s": rate}
     if with_sm120:
         def tensor_bound(cfg) -> bool:
@@ -315,26 +315,12 @@ def check_scatter(spec, ctx: GateContext) -> GateResult:
     """The kernel on scattered vs contiguous slots, same shapes, GPU time (`_gpu_timer`)
     interleaved; host enqueue time per layout in the details."""
 
-    pool = _Pool(8.0).tensor
+    workload = _workload(spec, ctx)
+    pool = _Pool(workload["pool_gb"]).tensor
     timer = _gpu_timer()
-    rows = []
-    for H, T, B, L in SCATTER_CONFIGS:
-        seed = ctx.fresh_seed()
-        cases = {lay: [uniform_case(H, T, B, L, lay, pool, seed + i) for i in range(3)]
-                 for lay in ("scattered", "contiguous")}
-        times = {"scattered": [], "contiguous": []}
-        host = {"scattered": [], "contiguous": []}
-        for lay, sets in cases.items():
-            for c in sets:
-                tree_verify_mla(*case_args(c))
-        for r in range(30):  # interleaved: scattered, contiguous, scattered, ...
-            for lay, sets in cases.items():
-                times[lay].append(timer(lambda c=sets[r % 3]: tree_verify_mla(*case_args(c))))
-                host[lay].append(timer.host_seconds[-1])
-        s, c = statistics.median(times["scattered"]), statistics.median(times["contiguous"])
-        rows.append({"config": f"H{H} T{T} B{B} L{L}", "scattered_ms": s * 1e3, "contiguous_ms": c * 1e3,
-                     "ratio": s / c, "scattered_host_us": statistics.median(host["scattered"]) * 1e6,
-                     "contiguous_host_us": statistics.median(host["contiguous"]) * 1e6})
+    rows = [time_layouts(tree_verify_mla, H, T, B, L, pool, ctx.fresh_seed(), timer,
+                         input_sets=workload["input_sets"], repeats=workload["repeats"])
+            for H, T, B, L in workload["configs"]]
     slowdown = statistics.median(r["ratio"] for r in rows)
     return check_metric(spec, {"scatter_slowdown": slowdown,
                                "worst_scatter_slowdown": max(r["ratio"] for r in rows)}, ctx,

@@ -24,9 +24,9 @@ from typing import Callable, Optional
 import torch
 
 from kdtree.bench import flashinfer_peer, flashmla_peer
+from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
 from kdtree.gates import speedup as speedup_gate
 from kdtree.gates.base import Figure, GateContext, GateResult
-from kdtree.gates.speedup import SpeedConfig
 
 
 def _peer_figures(name: str, rows: list, by_name: dict, bound: set) -> list[Figure]:
@@ -62,9 +62,10 @@ def _time_against_peer(result: GateResult, spec, configs: list, ctx: GateContext
     others = dict(others or {})
     peer_spec = spec.model_copy(update={"min_median_speedup": 0.0, "min_each_speedup": 0.0})
     ctx.progress(f"timing {what} (chain) against the kernel", None)
-    peer_result = speedup_gate.check_speedup(peer_spec, [chained(c) for c in configs], _call(op),
-                                             lambda c: c["peer_call"](), ctx, timer=timer, floor_s=floor_s,
-                                             others={name: _call(fn) for name, fn in others.items()})
+    measured = measure_speedup([chained(c) for c in configs], _call(op), lambda c: c["peer_call"](), ctx,
+                               **speed_protocol(peer_spec), timer=timer, floor_s=floor_s,
+                               others={name: _call(fn) for name, fn in others.items()})
+    peer_result = speedup_gate.judge_speedup(peer_spec, measured, ctx)
     by_name = {f.name: f.value for f in peer_result.figures}
     rows = peer_result.details.get("configs") or []
     bound = {c.name for c in configs if tensor_bound(c)}

@@ -4,8 +4,8 @@ The Hopper wgmma variant is the default dispatch on 9.0, so a record's default f
 Hopper kernel's. The product exists for sm_120 (RTX PRO 6000: no wgmma, 101376 bytes of
 shared memory per block), so the speed gate also times **the sm_120 path**: for each call, the
 variant `launch_plan.choose_variant` picks for capability 12.0 from the same shapes (base16 up to
-16 rows per request, ws above), launched through `cuda_op.launch(variant=...)` with this
-device's split count. Every variant it launches is held to sm_120's shared-memory limit, read
+16 rows per request, ws above), launched with the plan ``plan(..., variant=...)`` makes on this
+device (`kdtree.bench.forced`), so with this device's split count. Every variant it launches is held to sm_120's shared-memory limit, read
 from the loaded extension's own records (`SM120_MAX_SHARED_BYTES`), so what is timed is the
 code an sm_120 card runs, under its limits, on this card's memory system and tensor cores.
 
@@ -20,30 +20,15 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Optional
 
+from kdtree.bench import mma_ceiling
 from kdtree.bench.flashinfer_peer import SM120_SMEM_PER_BLOCK as SM120_MAX_SHARED_BYTES
+from kdtree.bench.forced import SM120_CAPABILITY, sm120_path, sm120_variant  # noqa: F401 - the phase's dispatch
 from kdtree.bench.roofline import Shape, bytes_moved, flops
 from kdtree.gates.base import Figure, GateResult, Outcome
-from kdtree.kernels.cuda_op import launch
 from kdtree.kernels.jit import arch_for_capability, build_extension, smem_records
-from kdtree.kernels.launch_plan import VARIANT_NAMES, choose_variant, variant_name
-from kdtree.bench import mma_ceiling
+from kdtree.kernels.launch_plan import VARIANT_NAMES
 
-SM120_CAPABILITY = (12, 0)
 PREFIX = "sm120_path"  # the figure prefix of this dispatch
-
-
-def sm120_variant(num_rows: int, num_heads: int, batch: int) -> str:
-    """The variant name compute capability 12.0 dispatches for these shapes (`launch_plan`)."""
-
-    return variant_name(choose_variant(num_rows * num_heads / max(batch, 1), SM120_CAPABILITY))
-
-
-def sm120_path(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out=None, lse=None):
-    """The op contract, launched with the variant an sm_120 device would pick (`sm120_variant`)."""
-
-    variant = sm120_variant(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1)
-    return launch(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, out=out, lse=lse,
-                  variant=variant)
 
 
 def variants_by_config(configs: list) -> dict[str, str]:

@@ -34,6 +34,16 @@ ORIGINAL = "the plan's original threshold, kept as a target"
 FA2_SM120_SMEM = ("vs FlashInfer 0.7.2 FA2 MLA built as on sm_120 (told 102400 B of shared memory per SM: "
                   "1 stage of 16 keys), causal chain, same shapes")
 
+# The speed gates' configs at L >= 32k (the targets are stated there): (H, T, B, L); a quick run
+# times the first four on a smaller pool.
+SPEED_CONFIGS = [(8, 16, 1, 32768), (8, 64, 1, 32768), (64, 16, 1, 32768), (64, 64, 1, 32768),
+                 (8, 16, 8, 32768), (64, 16, 8, 32768), (16, 4, 8, 32768), (128, 16, 1, 32768),
+                 (16, 512, 1, 32768), (8, 1024, 1, 32768), (8, 16, 1, 131072), (16, 64, 1, 131072)]
+SPEED_WORKLOAD = {"full": {"configs": SPEED_CONFIGS, "pool_gb": 8.0},
+                  "quick": {"configs": SPEED_CONFIGS[:4], "pool_gb": 2.0}}
+SCATTER_WORKLOAD = {"full": {"configs": [(8, 16, 1, 131072), (64, 16, 8, 32768), (16, 512, 1, 32768),
+                                         (128, 64, 1, 32768)], "pool_gb": 8.0, "input_sets": 3, "repeats": 30}}
+
 SPEC = PhaseSpec(
     id="phase1",
     title="kernel",
@@ -97,7 +107,7 @@ SPEC = PhaseSpec(
                         "what a correct kernel moves a margin by, so a correct kernel could fail the screen"),
         SpeedupGateSpec(
             name="speedup", requires=["cuda", "triton"], baseline="triton",
-            min_median_speedup=3.0, min_each_speedup=3.0, trials=3,
+            min_median_speedup=3.0, min_each_speedup=3.0, trials=3, workload=SPEED_WORKLOAD,
             targets=[
                 Target(figure="fa2_min_speedup", op=">=", value=1.0, unit="x", note=FA2 + ", every config"),
                 Target(figure="fa2_median_speedup", op=">=", value=1.25, unit="x", note=FA2 + ", median"),
@@ -132,12 +142,12 @@ SPEC = PhaseSpec(
                         "first; flashmla_*, reported, not measured where it does not load)"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
-            min_median_speedup=1.5, min_each_speedup=1.0, trials=3,
+            min_median_speedup=1.5, min_each_speedup=1.0, trials=3, workload=SPEED_WORKLOAD,
             targets=[Target(figure="median_speedup", op=">=", value=2.0, unit="x",
                             note=ORIGINAL)],
             description="vs plain torch bf16 (kdtree.kernels.naive): never slower, 1.5x at the median"),
         MetricGateSpec(
-            name="scatter", requires=["cuda"],
+            name="scatter", requires=["cuda"], workload=SCATTER_WORKLOAD,
             thresholds=[Threshold(figure="scatter_slowdown", op="<=", value=1.05, unit="x")],
             description="median time on randomly scattered slots / on contiguous slots, same shapes"),
         SanitizerGateSpec(

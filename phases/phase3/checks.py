@@ -22,202 +22,41 @@ L >= 32k (GPU time, each call queued behind an L2 wipe and a busy-wait). Paramet
 from __future__ import annotations
 
 import math
-import random
 import statistics
-import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional
 
-import torch
-
-from kdtree.bench.verify_step import EngineVerify, StepInputs, mixed_parents
-from kdtree.engine.api import decode_loop
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.graph_capture import (
-    Bucket, BucketKernelBackend, VerifyGraphs, graph_buffer_bytes, sglang_verify_mask_bytes,
+from kdtree.bench.graph_cases import (
+    _triton_available, buffer_comparison, captured_launch_loss, converter_case, engine_step_allocations,
+    launch_cases, oracle_check, step_cases, time_verify_step, timed_decode_graphs,
 )
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.bench.graph_replay import graph_protocol, measure_graph_cases
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
-from kdtree.gates.graph_safety import GraphCase, check_graph_safety_pairs
+from kdtree.gates.graph_safety import summarize
 from kdtree.gates.metric import check_metric
 from kdtree.gates.spec import GraphSafetyGateSpec
-from kdtree.gates.tensors import compare
-from kdtree.gates.timing import Spread, cuda_event_timer, interleaved, l2_flush_bytes
-from kdtree.integrations.sglang.converter import VerifyConverter
-from kdtree.integrations.sglang.fixtures import make_verify_batch
-from kdtree.kernels import pack_tree_masks, plan_bucket
-from kdtree.kernels.contract import Problem
-from kdtree.kernels.cuda_op import cached_plan, device_state, launch
-from kdtree.kernels.reference import tree_verify_mla_reference
+from kdtree.gates.stats import Spread
 from kdtree.phases.models import SPEED_PRESET, shared_model
 
-SPEED_BATCHES = (1, 4)
-SPEED_CONTEXT = 4096
-SPEED_TREE = 16
-DECODE_NEW_TOKENS = 24
-SM_SCALE = 1.0 / math.sqrt(192)
-# (batch, tree, context, heads, forced variant): buckets the launch cases cover
-LAUNCH_BUCKETS = ((1, 4, 32768, 8, None), (4, 16, 4096, 16, None), (2, 64, 8192, 16, None),
-                  (3, 32, 4096, 16, "base32"), (2, 128, 4096, 64, None))
-STEP_BUCKETS = ((1, 8, 4096), (4, 16, 4096), (2, 64, 2048))  # tiny model: positions up to 4096
-LOSS_BUCKETS = ((1, 16), (1, 64), (4, 16), (4, 64))  # (batch, tree) at heads 16
-LOSS_CONTEXTS = (32768, 65536, 131072)  # bucket sizes; lengths from max(32k, half + 1) to the size
-LOSS_HEADS = 16
-BUFFER_CONTEXT = 131072
-BUFFER_BUCKETS = ((8, 16), (8, 64), (1, 512), (8, 512))  # (batch, tree) compared with SGLang's mask
 
 
-def _agree(cmp, tol: float = 1e-2) -> bool:
-    return not cmp.problems and cmp.rel_l2 <= tol
+def _workload(spec, given: dict) -> dict:
+    """The gate's workload in the spec, with what the caller gave (not None) in its place."""
+    return {**spec.workload["full"], **{k: v for k, v in given.items() if v is not None}}
 
 
-# -- inputs ---------------------------------------------------------------------------------------
-def launch_inputs(bucket, heads: int, seed: int, device: str, lens: Optional[Sequence[int]] = None,
-                  sizes: Optional[Sequence[int]] = None) -> dict[str, Any]:
-    """Static-shaped op-contract inputs of a bucket: fresh live requests (the rest padded), tree
-    sizes, prefix lengths (0 and the maximum drawn often), slots, q, KV, and garbage mask rows
-    for the padded rows. `lens` / `sizes` fix the live requests' lengths and tree sizes."""
-
-
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    B, T, C = bucket.batch, bucket.tree, bucket.context
-    if lens is None:
-        live = rng.choice([B, rng.randint(1, B)])
-        lens = [rng.choice([0, C, rng.randint(0, C)]) for _ in range(live)]
-    if sizes is None:
-        sizes = [rng.choice([T, 1, rng.randint(1, T)]) for _ in lens]
-    slots = B * (C + T) + 7
-    kv_indices = torch.randint(0, slots, (B * (C + T),), generator=gen, dtype=torch.int32)  # stale, in range
-    perm = torch.randperm(slots, generator=gen).to(torch.int32)
-    qo, kv, parents = [0], [0], []
-    for length, size in zip(lens, sizes):
-        at = kv[-1]
-        kv_indices[at: at + length + size] = perm[at: at + length + size]
-        qo.append(qo[-1] + size)
-        kv.append(at + length + size)
-        parents.append(mixed_parents(rng, size))
-    qo += [qo[-1]] * (B + 1 - len(qo))
-    kv += [kv[-1]] * (B + 1 - len(kv))
-    words = bucket.mask_words
-    mask = torch.randint(-2 ** 31, 2 ** 31 - 1, (bucket.rows, words), generator=gen, dtype=torch.int32)
-    packed = pack_tree_masks(parents)
-    mask[: packed.shape[0]] = 0
-    mask[: packed.shape[0], : packed.shape[1]] = packed
-    values = torch.Generator(device=device).manual_seed(seed)  # q and KV drawn where they live
-    return {
-        "q": torch.randn(bucket.rows, heads, 576, generator=values, device=device).to(torch.bfloat16),
-        "kv_cache": torch.randn(slots, 576, generator=values, device=device).to(torch.bfloat16),
-        "qo_indptr": torch.tensor(qo, dtype=torch.int32, device=device),
-        "kv_indptr": torch.tensor(kv, dtype=torch.int32, device=device),
-        "kv_indices": kv_indices.to(device),
-        "tree_mask": mask.to(device),
-    }
-
-
-def launch_outputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    q = inputs["q"]
-    return {"out": torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device),
-            "lse": torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)}
-
-
-def bucket_launch(plan) -> Callable[[dict[str, Any], dict[str, Any]], None]:
-    """The captured callable of a launch case: out zero and lse -inf (what padded rows keep), then
-    the launch with the bucket's plan, run as it is."""
-
-    def fn(inputs, outputs):
-        outputs["out"].zero_()
-        outputs["lse"].fill_(float("-inf"))
-        launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-               inputs["tree_mask"], SM_SCALE, out=outputs["out"], lse=outputs["lse"], plan=plan, padded_rows=True)
-    return fn
-
-
-def _device_plan(bucket, heads: int, variant: Optional[str] = None):
-    """The bucket's launch plan on the current CUDA device (`kdtree.kernels.plan_bucket`)."""
-
-    return plan_bucket(bucket.batch, bucket.tree, bucket.context, heads, variant=variant)
-
-
-def launch_cases(buckets=LAUNCH_BUCKETS, candidate=None) -> list[tuple[Any, Callable]]:
-    """(GraphCase, captured callable) per launch bucket; `candidate(plan)` replaces `bucket_launch`."""
-
-    out = []
-    for B, T, C, H, variant in buckets:
-        bucket = Bucket(B, T, C)
-        plan = _device_plan(bucket, H, variant)
-        case = GraphCase(f"launch B{B} T{T} L<={C} H{H} {variant or 'auto'} s{plan.num_splits}",
-                         lambda seed, dev, b=bucket, h=H: launch_inputs(b, h, seed, dev), launch_outputs,
-                         params={"B": B, "T": T, "L": C, "H": H, "variant": plan.variant, "splits": plan.num_splits},
-                         neg_inf_ok=("lse",))  # padded rows: out 0, lse -inf (an empty row's)
-        out.append((case, (candidate or bucket_launch)(plan)))
-    return out
-
-
-def converter_case(heads: int = 16, batch: int = 4, tree: int = 16, context: int = 4096):
-    """SGLang's target-verify metadata -> the op contract (Triton, preallocated) + the kernel."""
-
-
-    conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), "cuda")
-    keys = ("q", "pool", "qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "custom_mask", "mask_indptr")
-
-    pool_slots = batch * (context + tree) + 64
-
-    def inputs(seed, dev):
-        rng = random.Random(seed)
-        lens = [rng.randint(1, context) for _ in range(batch)]
-        fx = make_verify_batch(heads, lens, tree, seed, device=dev, pool_extra=pool_slots - sum(lens) - batch * tree)
-        fx["pool"][fx["out_cache_loc"]] = fx["k_extend"]  # the draft KV, as forward_extend writes it first
-        fixed = {k: fx[k] for k in keys}
-        # static shapes: the prefix indices padded to the bucket, the mask to its largest block
-        kvi = torch.zeros(batch * context, dtype=fx["kv_indices"].dtype, device=dev)
-        kvi[: fx["kv_indices"].numel()] = fx["kv_indices"]
-        cm = torch.zeros(batch * tree * (context + tree), dtype=fx["custom_mask"].dtype, device=dev)
-        cm[: fx["custom_mask"].numel()] = fx["custom_mask"]
-        fixed.update(kv_indices=kvi, custom_mask=cm, pool=fx["pool"].view(-1, 576))
-        return fixed
-
-    def outputs(inp):
-        q = inp["q"]
-        return {"out": torch.empty(q.shape[0], heads, 512, dtype=q.dtype, device=q.device)}
-
-    def fn(inp, out):
-        meta = conv.convert(inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["out_cache_loc"],
-                            inp["custom_mask"], inp["mask_indptr"])
-        launch(inp["q"], inp["pool"], meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask, SM_SCALE,
-               out=out["out"])
-
-    return GraphCase(f"sglang converter + kernel B{batch} T{tree} L<={context}", inputs, outputs,
-                     params={"B": batch, "T": tree, "L": context, "H": heads}), fn
-
-
-def step_cases(model, buckets=STEP_BUCKETS, backend_for=None) -> list[tuple[Any, Callable]]:
-    """(GraphCase, captured callable) per engine bucket (whole verify steps of `model`)."""
-
-    out = []
-    for B, T, C in buckets:
-        bucket = Bucket(B, T, C)
-        setup = StepInputs(model, bucket)
-        plan = _device_plan(bucket, model.config.num_heads)
-        backend = (backend_for or BucketKernelBackend)(plan)
-        case = GraphCase(f"step B{B} T{T} L<={C} ({model.config.num_layers} layers)", setup.draw, setup.outputs,
-                         params={"B": B, "T": T, "L": C, "layers": model.config.num_layers},
-                         allow_capture_allocations=True)
-        out.append((case, setup.body(backend)))
-    return out
-
-
-def _safety(spec, ctx: GateContext, pairs, **details) -> GateResult:
-    return check_graph_safety_pairs(spec, pairs, ctx, **details)
+def _safety(spec, ctx: GateContext, pairs) -> GateResult:
+    reports, details = measure_graph_cases(pairs, ctx, **graph_protocol(spec))
+    return summarize(spec, reports, **details)
 
 
 # -- gates ---------------------------------------------------------------------------------------
 def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backend=None,
-                       launch_buckets=LAUNCH_BUCKETS, step_buckets=STEP_BUCKETS, step_preset: str = "tiny",
+                       launch_buckets=None, step_buckets=None, step_preset: Optional[str] = None,
                        with_oracle: bool = True) -> GateResult:
     """Replay == eager, bitwise, on fresh inputs, for launch and whole-step buckets; plus the
     bucket-planned launch against the fp64 oracle (so replay and eager cannot be wrong together)."""
+    w = _workload(spec, dict(launch_buckets=launch_buckets, step_buckets=step_buckets, step_preset=step_preset))
+    launch_buckets, step_buckets, step_preset = w["launch_buckets"], w["step_buckets"], w["step_preset"]
     pairs = launch_cases(launch_buckets, launch_candidate) + step_cases(shared_model(step_preset, ctx.device), step_buckets,
                                                                           step_backend)
     result = _safety(spec, ctx, pairs)
@@ -231,43 +70,17 @@ def check_replay_equal(spec, ctx: GateContext, launch_candidate=None, step_backe
     return result
 
 
-def oracle_check(buckets, candidate, ctx: GateContext, draws: int = 2) -> tuple[float, list[dict]]:
-    """Bucket-planned launches (eager; replay equals them bitwise) vs the fp64 oracle on the live rows."""
-
-    worst, rows = 0.0, []
-    for B, T, C, H, variant in buckets:
-        bucket = Bucket(B, T, C)
-        plan = _device_plan(bucket, H, variant)
-        fn = (candidate or bucket_launch)(plan)
-        for _ in range(draws):
-            seed = ctx.fresh_seed()
-            inp = launch_inputs(bucket, H, seed, ctx.device)
-            pristine = {k: v.clone() for k, v in inp.items()}  # what the candidate cannot change
-            out = launch_outputs(inp)
-            fn(inp, out)
-            inp = pristine
-            qo, kv = inp["qo_indptr"].tolist(), inp["kv_indptr"].tolist()
-            live = [b for b in range(B) if qo[b + 1] > qo[b]]
-            n, k = qo[live[-1] + 1], kv[live[-1] + 1]
-            ref = tree_verify_mla_reference(inp["q"][:n].contiguous(), inp["kv_cache"], inp["qo_indptr"][: len(live) + 1],
-                                            inp["kv_indptr"][: len(live) + 1], inp["kv_indices"][:k].contiguous(),
-                                            inp["tree_mask"][:n].contiguous(), SM_SCALE)
-            cmp = compare("out", out["out"][:n], ref)
-            worst = max(worst, cmp.rel_l2) if not math.isnan(cmp.rel_l2) else math.nan
-            rows.append({"bucket": [B, T, C, H], "seed": seed, "rel_l2": cmp.rel_l2, "rows": n})
-            if math.isnan(worst):
-                return worst, rows
-    return worst, rows
-
-
 def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_backend=None,
-                        launch_buckets=LAUNCH_BUCKETS, step_buckets=STEP_BUCKETS[:1], step_preset: str = "tiny",
-                        with_converter: Optional[bool] = None, engine_steps: int = 6,
+                        launch_buckets=None, step_buckets=None, step_preset: Optional[str] = None,
+                        with_converter: Optional[bool] = None, engine_steps: Optional[int] = None,
                         graphs_factory=None) -> GateResult:
     """No host sync in any capture (under sync debug mode "error"), no allocation in the launch
     and converter captures, none in any replay, none in the engine's graph steps; the graph
     buffers next to SGLang's verify mask at 128k."""
-
+    w = _workload(spec, dict(launch_buckets=launch_buckets, step_buckets=step_buckets, step_preset=step_preset,
+                             engine_steps=engine_steps))
+    launch_buckets, step_buckets, step_preset = w["launch_buckets"], w["step_buckets"], w["step_preset"]
+    engine_steps = w["engine_steps"]
     probe = GraphSafetyGateSpec(name=spec.name, replays=3, max_rel_l2=0.0)
     pairs = launch_cases(launch_buckets, launch_candidate)
     if with_converter is None:
@@ -283,7 +96,7 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
                                                       graphs_factory=graphs_factory)
     figures["allocations_in_replay"] = figures.get("allocations_in_replay", 0) + step_allocs
     figures["engine_graph_steps"] = graph_rows["replays"]
-    buffers = buffer_comparison()
+    buffers = buffer_comparison(w["buffer_context"], w["buffer_buckets"])
     for row in buffers:
         figures[f"mask_buffer_ratio_B{row['batch']}_T{row['tree']}"] = row["ratio"]
     figures["mask_buffer_ratio_128k"] = min(row["ratio"] for row in buffers)
@@ -300,85 +113,34 @@ def check_capture_clean(spec, ctx: GateContext, launch_candidate=None, step_back
     return result
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401, PLC0415
-    except ImportError:
-        return False
-    return True
-
-
-def buffer_comparison(context: int = BUFFER_CONTEXT, buckets=BUFFER_BUCKETS) -> list[dict[str, Any]]:
-    """Graph buffer bytes per (batch, tree) bucket at `context` vs SGLang's verify mask buffer."""
-
-    rows = []
-    for batch, tree in buckets:
-        ours = graph_buffer_bytes(Bucket(batch, tree, context))
-        theirs = sglang_verify_mask_bytes(batch, tree, context)
-        packed = 4 * batch * tree * math.ceil(tree / 32)
-        # SGLang's Triton backend also preallocates int64 kv_indices for max_num_tokens x max_context_len
-        their_indices = 8 * batch * tree * context
-        rows.append({"batch": batch, "tree": tree, "context": context, "graph_buffer_bytes": ours,
-                     "sglang_mask_bytes": theirs, "ratio": theirs / ours, "graph_mask_bytes": packed,
-                     "mask_only_ratio": theirs / packed, "sglang_kv_indices_bytes": their_indices,
-                     "total_ratio": (theirs + their_indices) / ours})
-    return rows
-
-
-def engine_step_allocations(model, steps: int, context: int = 1000, batch: int = 2, tree: int = 8,
-                            graphs_factory=None) -> tuple[int, dict[str, Any]]:
-    """CUDA allocations made by the engine's graph verify steps after the first (capture) one."""
-
-
-    setup = EngineVerify(model, context, batch, tree, seed=1, graphs_factory=graphs_factory)
-    setup.step("graph")  # captures
-    torch.cuda.synchronize()
-    before = int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
-    for _ in range(steps):
-        setup.step("graph")
-    torch.cuda.synchronize()
-    allocated = int(torch.cuda.memory_stats().get("allocation.all.allocated", 0)) - before
-    graphs = setup.runners["graph"].graphs
-    return allocated, {"steps": steps, "allocations": allocated, "replays": graphs.replays,
-                       "captures": graphs.captures, "fallbacks": graphs.fallbacks}
-
-
-def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=SPEED_BATCHES,
-                         context: int = SPEED_CONTEXT, tree: int = SPEED_TREE, loss_buckets=LOSS_BUCKETS,
-                         loss_contexts=LOSS_CONTEXTS, decode_new_tokens: int = DECODE_NEW_TOKENS) -> GateResult:
+def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, batches=None,
+                         context: Optional[int] = None, tree: Optional[int] = None, loss_buckets=None,
+                         loss_contexts=None, decode_new_tokens: Optional[int] = None) -> GateResult:
     """Whole verify step, graph vs eager (engine, kernel backend), interleaved, at each batch;
     decode tokens/s with and without graphs; captured launch vs exact-length eager at L >= 32k."""
-
+    w = _workload(spec, dict(batches=batches, context=context, tree=tree, loss_buckets=loss_buckets,
+                             loss_contexts=loss_contexts, decode_new_tokens=decode_new_tokens))
+    batches, context, tree, decode_new_tokens = w["batches"], w["context"], w["tree"], w["decode_new_tokens"]
+    loss_buckets, loss_contexts = w["loss_buckets"], w["loss_contexts"]
     model = shared_model(preset_name, ctx.device)
     figures: list[Figure] = []
     rows, problems, speedups = [], [], {}
     for batch in batches:
         ctx.progress(f"verify step B={batch} L={context}: graph vs eager", None)
-        setup = EngineVerify(model, context, batch, tree, seed=ctx.fresh_seed())
-        cmp = compare("logits", setup.step("graph"), setup.step("eager"))
-        if not _agree(cmp):
-            problems.append(f"B={batch}: graph and eager logits disagree (rel L2 {cmp.rel_l2:.3g})")
-        timer = cuda_event_timer()  # host time counts: launch cost is what graphs remove
-        tg, te = interleaved(lambda i: setup.step("graph"), lambda i: setup.step("eager"),
-                             warmup=spec.warmup, repeats=spec.repeats, timer=timer)
-        g, e = Spread.of(tg), Spread.of(te)
+        row = time_verify_step(model, context, batch, tree, ctx.fresh_seed(), warmup=spec.warmup, repeats=spec.repeats)
+        problems += [f"B={batch}: {p}" for p in row.pop("problems")]
+        g, e = Spread.of(row.pop("graph_s")), Spread.of(row.pop("eager_s"))
         speedups[batch] = e.median / g.median
-        last = compare("logits", setup.step("graph"), setup.step("eager"))
-        if not _agree(last):
-            problems.append(f"B={batch}: logits disagree after timing (rel L2 {last.rel_l2:.3g})")
         rows.append({"batch": batch, "context": context, "tree": tree, "graph": g.ms(), "eager": e.ms(),
-                     "speedup": speedups[batch], "rel_l2": cmp.rel_l2,
-                     "graphs": {"replays": setup.runners["graph"].graphs.replays,
-                                "captures": setup.runners["graph"].graphs.captures}})
+                     "speedup": speedups[batch], **row})
         figures.append(Figure(name=f"replay_speedup_b{batch}", value=speedups[batch], unit="x"))
-        del setup
     median = statistics.median(speedups.values()) if speedups else math.nan
     figures.insert(0, Figure(name="replay_speedup", value=median, unit="x", op=">=",
                              threshold=spec.min_replay_speedup, key=True))
     figures.append(Figure(name="logit_disagreements", value=len(problems), op="<=", threshold=0))
 
     ctx.progress("decode tokens/s with and without graphs", None)
-    decode = timed_decode_graphs(model, context, decode_new_tokens, ctx.fresh_seed())
+    decode = timed_decode_graphs(model, context, decode_new_tokens, ctx.fresh_seed(), budget=tree)
     figures += [Figure(name="decode_tokens_per_s_graph", value=decode["tokens_per_s"]["graph"], unit=" tok/s"),
                 Figure(name="decode_tokens_per_s_eager", value=decode["tokens_per_s"]["eager"], unit=" tok/s"),
                 Figure(name="decode_graph_speedup",
@@ -389,7 +151,7 @@ def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     for batch, t in loss_buckets:
         for size in loss_contexts:
             ctx.progress(f"captured launch vs exact eager B={batch} T={t} bucket {size}", None)
-            loss_rows += captured_launch_loss(batch, t, size, LOSS_HEADS, ctx)
+            loss_rows += captured_launch_loss(batch, t, size, w["loss_heads"], ctx)
     losses = [r["loss"] for r in loss_rows if r["context"] >= 32768]
     figures.append(Figure(name="captured_launch_loss_max", value=max(losses) if losses else math.nan))
     figures.append(Figure(name="captured_launch_loss_median", value=statistics.median(losses) if losses else math.nan))
@@ -400,97 +162,3 @@ def check_replay_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     return verdict(spec.name, spec.kind, figures, "; ".join(problems[:3]), **details)
 
 
-def captured_launch_loss(batch: int, tree: int, size: int, heads: int, ctx: GateContext,
-                         repeats: int = 15) -> list[dict[str, Any]]:
-    """One bucket (batch, tree, context `size`): its launch captured once, replayed at lengths from
-    max(32k, size / 2 + 1) to `size`, each against an eager launch planned for that exact length."""
-
-
-    bucket = Bucket(batch, tree, size)
-    plan = _device_plan(bucket, heads)
-    lo = max(32768, size // 2 + 1)
-    lengths = sorted({lo, (lo + size) // 2, size})
-    inp = launch_inputs(bucket, heads, ctx.fresh_seed(), ctx.device, lens=[size] * batch, sizes=[tree] * batch)
-    out = launch_outputs(inp)["out"]
-
-    def captured():  # the launch alone, as a graph holds it: only the plan differs from `eager`
-        launch(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["tree_mask"],
-               SM_SCALE, out=out, plan=plan)
-
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        captured()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        captured()
-    exact_out = torch.empty_like(out)
-    timer = cuda_event_timer(flush_bytes=l2_flush_bytes(), lead_s=200e-6)
-    state = device_state(torch.cuda.current_device())
-    rows = []
-    for length in lengths:
-        kv = torch.arange(batch + 1, dtype=torch.int32, device=ctx.device) * (length + tree)
-        inp["kv_indptr"].copy_(kv)  # request b's slots: [b (L + T), (b + 1)(L + T)) of kv_indices
-        exact = inp["kv_indices"][: batch * (length + tree)]
-
-        def eager(i):
-            launch(inp["q"], inp["kv_cache"], inp["qo_indptr"], inp["kv_indptr"], exact, inp["tree_mask"], SM_SCALE,
-                   out=exact_out)
-
-        graph.replay()
-        eager(0)
-        agree = _agree(compare("out", out, exact_out))
-        tg, te = interleaved(lambda i: graph.replay(), eager, warmup=3, repeats=repeats, timer=timer)
-        g, e = statistics.median(tg), statistics.median(te)
-        exact_plan = cached_plan(Problem(bucket.rows, heads, batch, bucket.mask_words, inp["kv_cache"].shape[0]),
-                                 exact.numel(), state.sm_count, state.capability)
-        rows.append({"batch": batch, "tree": tree, "bucket_context": size, "context": length, "heads": heads,
-                     "captured_ms": g * 1e3, "exact_ms": e * 1e3, "loss": g / e - 1.0, "agree": agree,
-                     "bucket_splits": plan.num_splits, "exact_splits": exact_plan.num_splits,
-                     "variant": plan.variant, "exact_variant": exact_plan.variant})
-    del graph
-    return rows
-
-
-def timed_decode_graphs(model, context: int, new_tokens: int, seed: int, batch: int = 1, drafter: str = "ddtree",
-                        budget: int = SPEED_TREE, rounds: int = 2) -> dict[str, Any]:
-    """Prefill once, then decode the same requests with and without verify graphs, interleaved
-    (the pool truncated back to the prompt between runs). Decode tokens/s, median of `rounds`."""
-
-
-    rng = random.Random(seed)
-    vocab = model.config.vocab_size
-    motif = [rng.randrange(vocab) for _ in range(rng.randint(64, 256))]
-    prompts = [[motif[j % len(motif)] if rng.random() > 0.05 else rng.randrange(vocab) for j in range(context)]
-               for _ in range(batch)]
-    spec = get_drafter(drafter)
-    slots = sum(len(p) + new_tokens + budget + spec.max_depth + 2 for p in prompts) + 64
-    pool = KVPool(model.config.num_layers, slots, dtype=model.dtype, device=model.device)
-    runners = {"eager": Runner(model, pool, get_backend("kernel")),
-               "graph": Runner(model, pool, get_backend("kernel"), graphs=VerifyGraphs(model, pool))}
-    requests = [Request(i, p, new_tokens) for i, p in enumerate(prompts)]
-    runners["eager"].prefill(requests)
-    torch.cuda.synchronize()
-    base = {r.rid: list(pool.req_to_token[r.rid]) for r in requests}
-    first = {r.rid: list(r.output) for r in requests}
-    rates: dict[str, list[float]] = {"eager": [], "graph": []}
-    tokens: dict[str, list] = {}
-    for _ in range(rounds + 1):  # the first round warms up (captures the graphs) and is not counted
-        for name in ("graph", "eager"):
-            for r in requests:
-                extra = pool.req_to_token[r.rid][len(base[r.rid]):]
-                if extra:
-                    pool.free(extra)
-                pool.req_to_token[r.rid] = list(base[r.rid])
-                r.output = list(first[r.rid])
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            decode_loop(runners[name], requests, spec, budget, release=False)
-            torch.cuda.synchronize()
-            rates[name].append(sum(len(r.output) - len(first[r.rid]) for r in requests) / (time.perf_counter() - t))
-            tokens[name] = [list(r.output) for r in requests]
-    graphs = runners["graph"].graphs
-    return {"tokens_per_s": {n: statistics.median(v[1:]) for n, v in rates.items()}, "runs": rates,
-            "same_tokens": tokens["graph"] == tokens["eager"], "tokens": tokens, "context": context,
-            "batch": batch, "drafter": drafter, "budget": budget,
-            "graphs": {"replays": graphs.replays, "captures": graphs.captures, "fallbacks": graphs.fallbacks}}

@@ -16,6 +16,21 @@ from __future__ import annotations
 from kdtree.gates.spec import GraphSafetyGateSpec, MetricGateSpec, PhaseSpec, Target, Threshold
 from kdtree.phases import with_targets
 
+# What the gates measure, as data. Launch buckets: (batch, tree, context, heads, forced variant);
+# step buckets: (batch, tree, context) of the tiny model (positions up to 4096); the captured
+# launch's loss: (batch, tree) buckets at 16 heads, at each bucket size, over lengths from
+# max(32k, half + 1) to the size; graph buffers against SGLang's verify mask: (batch, tree) at 128k.
+LAUNCH_BUCKETS = [(1, 4, 32768, 8, None), (4, 16, 4096, 16, None), (2, 64, 8192, 16, None),
+                  (3, 32, 4096, 16, "base32"), (2, 128, 4096, 64, None)]
+STEP_BUCKETS = [(1, 8, 4096), (4, 16, 4096), (2, 64, 2048)]
+REPLAY_EQUAL = {"full": {"launch_buckets": LAUNCH_BUCKETS, "step_buckets": STEP_BUCKETS, "step_preset": "tiny"}}
+CAPTURE_CLEAN = {"full": {"launch_buckets": LAUNCH_BUCKETS, "step_buckets": STEP_BUCKETS[:1], "step_preset": "tiny",
+                          "engine_steps": 6, "buffer_context": 131072,
+                          "buffer_buckets": [(8, 16), (8, 64), (1, 512), (8, 512)]}}
+REPLAY_SPEEDUP = {"full": {"batches": [1, 4], "context": 4096, "tree": 16, "decode_new_tokens": 24,
+                           "loss_buckets": [(1, 16), (1, 64), (4, 16), (4, 64)],
+                           "loss_contexts": [32768, 65536, 131072], "loss_heads": 16}}
+
 SPEC = PhaseSpec(
     id="phase3",
     title="graph capture",
@@ -23,8 +38,8 @@ SPEC = PhaseSpec(
                "tree-budget / context bucket into CUDA graphs and replayed with fresh inputs written into "
                "static buffers, in the engine and through SGLang 0.5.23's graph API for target verify."),
     deliverables=[
-        "kdtree.kernels.launch_plan.plan_for_bucket: one launch plan per bucket, split count weighed over the "
-        "bucket's lengths; cuda_op.launch(variant=, num_splits=) in graph mode",
+        "kdtree.kernels.plan_bucket: one launch plan per bucket, split count weighed over the "
+        "bucket's lengths, held and launched as it is (launch(plan=)) in graph mode",
         "kdtree.engine.graph_capture: static buffers sized by tokens and tree words, capture per bucket with one "
         "shared memory pool, eager fallback; `python -m kdtree.engine generate --cuda-graph/--no-cuda-graph`",
         "kdtree.integrations.sglang: init_cuda_graph_state / init_forward_metadata_out_graph / _in_graph / "
@@ -35,14 +50,14 @@ SPEC = PhaseSpec(
             "phases/__init__.py", "phases/models.py", "phases/phase3/**/*.py", "gates/**/*.py"],
     gates=[
         GraphSafetyGateSpec(
-            name="replay_equal", requires=["cuda"], replays=16, max_rel_l2=0.0,
+            name="replay_equal", requires=["cuda"], replays=16, max_rel_l2=0.0, workload=REPLAY_EQUAL,
             description="each replay on fresh inputs == eager on the same inputs, bitwise: kernel launches with "
                         "a bucket's plan (live requests 1..B, the rest padded; tree sizes 1..T with padded rows "
                         "whose mask rows are garbage; prefixes 0..L; fresh slots, q, KV; variants auto and base32) "
                         "and whole engine verify steps (metadata conversion, every layer, head); the bucket-planned "
                         "launch vs the fp64 oracle (bucket_plan_vs_oracle_rel_l2 <= 1e-2)"),
         MetricGateSpec(
-            name="capture_clean", requires=["cuda"],
+            name="capture_clean", requires=["cuda"], workload=CAPTURE_CLEAN,
             thresholds=[
                 Threshold(figure="host_syncs_in_capture", op="==", value=0),
                 Threshold(figure="allocations_in_capture", op="==", value=0, unit=" B"),
@@ -56,7 +71,7 @@ SPEC = PhaseSpec(
                         "our packed verify mask vs SGLang's verify mask at 128k (packed_mask_ratio_128k; the whole graph "
                         "buffers: mask_buffer_ratio_*)"),
         GraphSafetyGateSpec(
-            name="replay_speedup", requires=["cuda"], replays=16, max_rel_l2=0.0,
+            name="replay_speedup", requires=["cuda"], replays=16, max_rel_l2=0.0, workload=REPLAY_SPEEDUP,
             min_replay_speedup=1.2, warmup=3, repeats=20,
             description="a whole verify step of the dsv3-tp8 model (8 layers, 16 heads, T=16), the engine's graph "
                         "path (staging copies + replay) vs its eager path on the kernel backend, interleaved, "

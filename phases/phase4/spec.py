@@ -19,11 +19,27 @@ from kdtree.gates.spec import MetricGateSpec, PhaseSpec, Target, Threshold
 from kdtree.phases import with_targets
 
 
-def _gate(name: str, requires: list[str], thresholds: list[tuple], description: str) -> MetricGateSpec:
-    """A metric gate from (figure, op, value[, unit]) thresholds."""
-    return MetricGateSpec(name=name, requires=requires, description=description,
+def _gate(name: str, requires: list[str], thresholds: list[tuple], description: str,
+          workload: dict) -> MetricGateSpec:
+    """A metric gate from (figure, op, value[, unit]) thresholds, measuring `workload`."""
+    return MetricGateSpec(name=name, requires=requires, description=description, workload=workload,
                           thresholds=[Threshold(figure=t[0], op=t[1], value=t[2], unit=t[3] if len(t) > 3 else "")
                                       for t in thresholds])
+
+
+# The churn workloads (kdtree.bench.churn): "full" is what the phase measures (a 1M-slot pool,
+# hundreds of live requests; B=8 at L=32k for the step and kernel figures), "quick" what a quick
+# run (tests, CI) measures.
+SCALE = {"full": dict(num_slots=1 << 20, live_requests=256, steps=100),
+         "quick": dict(num_slots=1 << 17, live_requests=48, steps=40, prompt_len=(128, 1536),
+                       new_tokens=(32, 384))}
+INTEGRITY = {"full": dict(num_slots=32768, live_requests=24, steps=80, prompt_len=(64, 1024),
+                          new_tokens=(32, 256)),
+             "quick": dict(num_slots=8192, live_requests=10, steps=40, prompt_len=(32, 384),
+                           new_tokens=(16, 128))}
+LONG_CONTEXT = dict(num_slots=1 << 20, live_requests=8, prompt_len=(32768, 32768), new_tokens=(256, 2048),
+                    steps=150)
+ALLOC_COST = {"full": LONG_CONTEXT, "quick": dict(LONG_CONTEXT, steps=60)}  # B=8, L=32k: the target's step
 
 
 _RELOCATED = ("rows_relocated", ">=", 1)  # a gate about relocation must have seen rows move
@@ -54,18 +70,22 @@ SPEC = PhaseSpec(
                _RELOCATED],
               "Tier 0+1 churn (target + draft stores, prefix-cache nodes, pinned requests): after "
               "every relocation round every live sequence's KV in token order, read through the "
-              "maps, is byte-equal to a shadow written with it; no slot lost; no pinned slot moved"),
+              "maps, is byte-equal to a shadow written with it; no slot lost; no pinned slot moved",
+              {"full": dict(INTEGRITY["full"], trials=2), "quick": dict(INTEGRITY["quick"], trials=2)}),
         _gate("token_exact", ["torch"], [("exact_fraction", ">=", 1.0), _RELOCATED],
               "self-draft tree speculative decoding, requests arriving and finishing at random "
-              "steps: every request's tokens with defrag on == with defrag off"),
+              "steps: every request's tokens with defrag on == with defrag off",
+              {"full": dict(requests=10, trials=2), "quick": dict(requests=6, trials=1)}),
         _gate("copy_budget", ["torch"],
               [("max_step_copy_over_budget", "<=", 1.0, "x"), ("max_copy_traffic_fraction", "<=", 0.01), _RELOCATED],
               "bytes each relocation round copies, counted at the pool's copy, / the round's budget "
-              "(1 % of the step's KV reads, read + write counted); 1M slots, 256 live requests"),
+              "(1 % of the step's KV reads, read + write counted); 1M slots, 256 live requests",
+              SCALE),
         _gate("contiguity", ["torch"], [("run_reduction_tier01", ">=", 10.0, "x")],
               "runs per live request after the same churn (1M slots, 256 live, T=16 trees with "
               "rejected-draft frees): SGLang's unsorted free list / Tier 0+1; Tier 0 alone, SGLang's "
-              "PD sort, allocator host cost and the free tail are recorded"),
+              "PD sort, allocator host cost and the free tail are recorded",
+              {size: {"churn": SCALE[size], "alloc_cost": ALLOC_COST[size]} for size in ("full", "quick")}),
         _gate("no_slowdown", ["cuda"],
               [("kernel_time_ratio", "<=", 1.02, "x"), ("step_time_ratio", "<=", 1.05, "x"),
                ("kernel_outputs_max_abs_diff", "<=", 1e-2)],
@@ -75,7 +95,8 @@ SPEC = PhaseSpec(
               "on / off. Tolerances: 2 % kernel, 5 % step (timing noise of a host-bound step). "
               "Recorded beside it: the kernel reading (first slot, first key) runs instead of "
               "kv_indices (kdtree.kernels.runs) on each layout, its time / the indices path's and "
-              "whether its output is the same bits"),
+              "whether its output is the same bits",
+              {"full": dict(LONG_CONTEXT, step_num_slots=1 << 19, layers=61, repeats=30)}),
         _gate("benefit", ["torch"], [("pd_handoff_speedup", ">=", 2.0, "x")],
               "a B=8 L=32k request's KV handed off as SGLang's PD disaggregation issues it (one "
               "transfer per contiguous run of source and destination slots per layer; destination a "
@@ -85,7 +106,8 @@ SPEC = PhaseSpec(
               "fragmented request as fast as a contiguous one: contiguity buys offload nothing), "
               "the gather's staging memory and, on a GPU, the slowdown of a verify kernel on the main "
               "stream while either copy runs on a side stream; run-length metadata bytes, its runs -> "
-              "kv_indices expansion and the full indices' upload per step"),
+              "kv_indices expansion and the full indices' upload per step",
+              {"full": dict(LONG_CONTEXT, stores=4, repeats=10), "quick": dict(LONG_CONTEXT, num_slots=1 << 18, prompt_len=(8192, 8192), steps=60, stores=4, repeats=10)}),
     ],
 )
 

@@ -1,4 +1,5 @@
-"""CUDA-graph safety gate: the verdict logic on CPU, and capture/replay against broken callables on GPU."""
+"""CUDA-graph safety gate: the verdict logic on CPU, and capture/replay (`kdtree.bench.graph_replay`)
+against broken callables on GPU."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import math
 import pytest
 import torch
 
+from kdtree.bench.graph_replay import GraphCase, copy_into_static, graph_protocol, looks_like_sync, measure_graph_cases
 from kdtree.gates.base import GateContext, Outcome
-from kdtree.gates.graph_safety import (
-    CaseReport, GraphCase, check_graph_safety, copy_into_static, looks_like_sync, summarize,
-)
+from kdtree.gates.graph_safety import CaseReport, summarize
 from kdtree.gates.spec import GraphSafetyGateSpec
-from kdtree.gates.timing import Spread
+from kdtree.gates.stats import Spread
+
+
+def check_graph_safety(spec, cases, fn, ctx):
+    """What phase 3 does: measure every case with the spec's protocol, then judge."""
+    reports, details = measure_graph_cases([(case, fn) for case in cases], ctx, **graph_protocol(spec))
+    return summarize(spec, reports, **details)
 
 SPEC = GraphSafetyGateSpec(name="toy-graph", replays=4, max_rel_l2=0.0)
 

@@ -19,6 +19,7 @@ import fake_sglang
 from kdtree.integrations.sglang.backend import make_backend_class
 from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
 from kdtree.kernels import launch_plan
+from kdtree.kernels.device_facts import DeviceFacts
 
 POOL = 4200  # every fixture's pool has this many slots, so a replay's pool fits the captured one
 HEADS, N, BS = 4, 8, 3
@@ -68,7 +69,7 @@ def test_capture_then_replays_at_other_lengths_run_the_kernel_with_the_buckets_p
     backend.init_forward_metadata_in_graph(batch)
     check(forward(backend, cap, batch), cap)
     assert backend.kd_last_route[0] == "kernel"
-    want = launch_plan.plan_for_bucket(BS, N, backend.max_context_len, HEADS, 132, (9, 0))
+    want = launch_plan.plan_bucket(BS, N, backend.max_context_len, HEADS, DeviceFacts(132, (9, 0)))
     assert launch.plans[-1] == want  # the bucket's plan, held: no variant name and split count to plan again
     for seed, lens in enumerate([[37, 0, 200], [3900, 2, 9], [0, 0, 0]], start=2):
         fx = fixture(lens, seed)

@@ -1,13 +1,14 @@
 """Each CUDA kernel variant as its own callable, for the shared accuracy suite.
 
 `kdtree.kernels.tree_verify_mla` picks a variant from the shapes; these force one through the
-launch's ``variant`` argument (`kdtree.kernels.cuda_op.launch`), so every specialisation meets
+plan's ``variant`` (`kdtree.bench.forced`: ``plan(..., variant=)`` then ``launch(plan=)``), so every specialisation meets
 the same bounds on every case, not only on the shapes the dispatcher would send it. The
 ``_split3`` ones also force three KV splits, so short cases go through the split-combine pass.
 """
 
 from __future__ import annotations
 
+from kdtree.bench.forced import forced_kernel
 from kdtree.kernels.launch_plan import VARIANTS
 
 
@@ -16,10 +17,10 @@ def forcing(variant: str, num_splits: int | None = None):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: expected one of {sorted(VARIANTS)}")
 
-    def call(*args, **kwargs):
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
+    forced = forced_kernel(variant, num_splits)
 
-        return launch(*args, **kwargs, variant=variant, num_splits=num_splits)
+    def call(*args, **kwargs):
+        return forced(*args, **kwargs)
 
     call.__name__ = f"tree_verify_mla_{variant}" + (f"_split{num_splits}" if num_splits else "")
     return call
@@ -33,13 +34,13 @@ for _name in VARIANTS:
 def reading_runs(variant: str | None = None, num_splits: int | None = None):
     """The CUDA kernel called with run-length KV metadata (`kdtree.kernels.runs`) built from the
     case's kv_indices, instead of the indices themselves (``variant`` / ``num_splits`` forced)."""
+    forced = forced_kernel(variant, num_splits)
 
     def call(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, **kwargs):
-        from kdtree.kernels.cuda_op import launch  # noqa: PLC0415
         from kdtree.kernels.runs import runs_from_indices  # noqa: PLC0415
 
-        return launch(q, kv_cache, qo_indptr, kv_indptr, None, tree_mask, sm_scale, **kwargs,
-                      kv_runs=runs_from_indices(kv_indptr, kv_indices), variant=variant, num_splits=num_splits)
+        return forced(q, kv_cache, qo_indptr, kv_indptr, None, tree_mask, sm_scale, **kwargs,
+                      kv_runs=runs_from_indices(kv_indptr, kv_indices))
 
     call.__name__ = "tree_verify_mla_runs" + (f"_{variant}" if variant else "") + (
         f"_split{num_splits}" if num_splits else "")

@@ -32,31 +32,33 @@ def old_results() -> dict:
     ``bucket_launched``: what the graph path launched with for each bucket before plans were held
     (the bucket's plan taken apart into a variant name and split count, planned again)."""
     from kdtree.kernels import launch_plan as lp
+    from kdtree.kernels.device_facts import DeviceFacts
 
     def triple(p):
         return [p.variant, p.num_splits, p.grid_y]
 
     out = {"exact": [], "forced": [], "bucket": [], "bucket_min_context": [], "bucket_launched": []}
     for sms, cap in DEVICES:
+        facts = DeviceFacts(sms, cap)
         for H, T, B, L in EXACT:
-            out["exact"].append(triple(lp.plan_launch(*exact_shapes(H, T, B, L), sms, cap)))
+            out["exact"].append(triple(lp.plan(*exact_shapes(H, T, B, L), facts)))
         for H, T, B, L in EXACT[::7]:
             for variant, splits in FORCED:
                 if variant is not None and variant not in lp.runnable_variants(cap):
                     continue
-                out["forced"].append(triple(lp.plan_launch(*exact_shapes(H, T, B, L), sms, cap, variant=variant,
-                                                           num_splits=splits)))
+                out["forced"].append(triple(lp.plan(*exact_shapes(H, T, B, L), facts, variant=variant,
+                                                    num_splits=splits)))
         for B, T, C, H in BUCKETS:
-            bucket = lp.plan_for_bucket(B, T, C, H, sms, cap)
+            bucket = lp.plan_bucket(B, T, C, H, facts)
             out["bucket"].append(triple(bucket))
             # what a graph launch ran with: the bucket's plan re-planned for the call, forced to its choices
             num_kv = B * (C + T)
-            out["bucket_launched"].append(triple(lp.plan_launch(
-                B * T, H, B, math.ceil(T / 32), num_kv, sms, cap, variant=lp.variant_name(bucket.variant),
+            out["bucket_launched"].append(triple(lp.plan(
+                B * T, H, B, math.ceil(T / 32), num_kv, facts, variant=lp.variant_name(bucket.variant),
                 num_splits=bucket.num_splits)))
         for B, T, C, H in BUCKETS[::5]:
             for lo in BUCKET_MIN_CONTEXT:
-                out["bucket_min_context"].append(triple(lp.plan_for_bucket(B, T, C, H, sms, cap, min_context=lo)))
+                out["bucket_min_context"].append(triple(lp.plan_bucket(B, T, C, H, facts, min_context=lo)))
     return out
 
 

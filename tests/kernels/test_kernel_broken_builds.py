@@ -17,7 +17,7 @@ import pytest
 _SCRIPT = r"""
 import json, torch
 from kdtree.bench.cases import call, make_case, oracle
-from kdtree.kernels.cuda_op import launch
+from kdtree.bench.forced import forced_kernel
 from kdtree.kernels.launch_plan import runnable_variants
 case = make_case(8, [(40, 300), (7, 45)], "random", seed=11)
 ref_out, ref_lse = oracle(case)
@@ -26,7 +26,7 @@ for variant in runnable_variants(torch.cuda.get_device_capability()):
     for splits in (1, 3):
         out = torch.full((47, 8, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((47, 8), float("nan"), dtype=torch.float32, device="cuda")
-        call(lambda *a, **k: launch(*a, **k, variant=variant, num_splits=splits), case, out=out, lse=lse)
+        call(forced_kernel(variant, splits), case, out=out, lse=lse)
         torch.cuda.synchronize()
         o = out.double()
         written = ~torch.isnan(o)

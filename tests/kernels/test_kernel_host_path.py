@@ -1,5 +1,5 @@
 """The host path of `cuda_op.launch`: validation messages, the launch-parameter builder, the
-memoised plan (keyed on the forced variant and split count), a held plan's checks, the per-device
+memoised plan (keyed on the shapes and the device's facts), a held plan's checks, the per-device
 state and the multi-device branch. CPU tensors and a fake extension stand in for the GPU, except where marked."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kdtree.bench.cases import case_args, make_case
 from kdtree.kernels import cuda_op, launch_plan
 from kdtree.kernels.contract import validate
 from kdtree.kernels.device_facts import DeviceFacts
-from kdtree.tools.host_path_bench import FakeExtension, fake_state, host_call
+from kdtree.bench.host_path import FakeExtension, fake_state, host_call
 
 REQUESTS = [(5, 30), (1, 0), (40, 7), (33, 64)]  # Nq = 79, B = 4, W = 2
 NQ, H = 79, 3
@@ -38,7 +38,7 @@ def _drop_own_bit(mask):
 
 
 def _expected_plan(case, sm_count=132, capability=(9, 0)):
-    return launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, case["kv_indices"].numel(), sm_count, capability)
+    return launch_plan.plan(NQ, H, len(REQUESTS), 2, case["kv_indices"].numel(), DeviceFacts(sm_count, capability))
 
 
 # --- validation: the same messages, shape checks free of value checks on request ---------------
@@ -150,32 +150,24 @@ def test_host_call_allocates_out_only_when_missing():
 
 # --- the memoised plan ---------------------------------------------------------------------------
 
-FORCED = [(None, None), ("base32", None), (None, 3), ("base16", 2), ("ws", 1), ("wgmma", None), ("wgmma", 4),
-          (None, None)]
+DEVICES = [(132, (9, 0)), (84, (12, 0)), (108, (8, 0))]
 
 
-def test_cached_plan_follows_the_forced_variant_and_splits():
+def test_cached_plan_is_the_plan_of_the_calls_shapes_on_the_device():
     case = _case()
     problem = validate(*case_args(case))
     num_kv = case["kv_indices"].numel()
-    for variant, splits in FORCED * 2:
-        for sms, cap in [(132, (9, 0)), (84, (12, 0)), (108, (8, 0))]:
-            if variant is not None and variant not in launch_plan.runnable_variants(cap):
-                continue
-            plan = cuda_op.cached_plan(problem, num_kv, sms, cap, variant, splits)
-            assert plan == launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, num_kv, sms, cap, variant=variant,
-                                                   num_splits=splits), (variant, splits)
-            if variant:
-                assert plan.variant == launch_plan.VARIANTS[variant]
-            if splits:
-                assert plan.num_splits == splits
+    for sms, cap in DEVICES * 2:
+        plan = cuda_op.cached_plan(problem, num_kv, fake_state(sms, cap))
+        assert plan == launch_plan.plan(NQ, H, len(REQUESTS), 2, num_kv, DeviceFacts(sms, cap))
 
 
 def test_launch_args_carry_the_forced_plan():
     case = _case()
     out, lse = _outputs()
     problem = validate(*case_args(case), out, lse)
-    plan = cuda_op.cached_plan(problem, case["kv_indices"].numel(), 132, (9, 0), "base16", 5)
+    plan = launch_plan.plan(NQ, H, len(REQUESTS), 2, case["kv_indices"].numel(), DeviceFacts(132, (9, 0)),
+                            variant="base16", num_splits=5)
     args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), plan)
     assert (args.num_splits, args.variant) == (5, launch_plan.VARIANTS["base16"])
 
@@ -184,7 +176,7 @@ def test_launch_args_carry_a_held_plan_as_it_is():
     case = _case()
     out, lse = _outputs()
     problem = validate(*case_args(case), out, lse)
-    held = launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 10 ** 6, 132, (9, 0), variant="base32", num_splits=9)
+    held = launch_plan.plan(NQ, H, len(REQUESTS), 2, 10 ** 6, DeviceFacts(132, (9, 0)), variant="base32", num_splits=9)
     args = cuda_op.launch_args(problem, *case_args(case), out, lse, fake_state(), held)
     assert (args.num_splits, args.grid_y, args.variant) == (9, held.grid_y, launch_plan.VARIANTS["base32"])
     assert cuda_op._plans == {}  # nothing planned again
@@ -194,26 +186,19 @@ def test_cached_plan_is_reused_and_keyed_on_every_argument():
     case = _case()
     problem = validate(*case_args(case))
     n = case["kv_indices"].numel()
-    plan = cuda_op.cached_plan(problem, n, 132, (9, 0))
-    assert cuda_op.cached_plan(problem, n, 132, (9, 0)) is plan
+    plan = cuda_op.cached_plan(problem, n, fake_state(132, (9, 0)))
+    assert cuda_op.cached_plan(problem, n, fake_state(132, (9, 0))) is plan
     for p, kv, sms, cap in [(problem._replace(num_heads=64), n, 132, (9, 0)), (problem, 40 * n, 132, (9, 0)),
                             (problem, n, 16, (9, 0)), (problem, n, 132, (8, 6))]:
-        expected = launch_plan.plan_launch(p.num_rows, p.num_heads, p.batch, p.mask_words, kv, sms, cap)
-        assert cuda_op.cached_plan(p, kv, sms, cap) == expected
-
-
-def test_bad_forced_variant_raises_on_every_call():
-    problem = validate(*case_args(_case()))
-    for _ in range(2):
-        with pytest.raises(ValueError, match="variant 'nope'"):
-            cuda_op.cached_plan(problem, 100, 132, (9, 0), "nope")
+        expected = launch_plan.plan(p.num_rows, p.num_heads, p.batch, p.mask_words, kv, DeviceFacts(sms, cap))
+        assert cuda_op.cached_plan(p, kv, fake_state(sms, cap)) == expected
 
 
 def test_plan_cache_stays_bounded(monkeypatch):
     monkeypatch.setattr(cuda_op, "_PLAN_CACHE_SIZE", 4)
     problem = validate(*case_args(_case()))
     for num_kv in range(100, 110):
-        cuda_op.cached_plan(problem, num_kv, 132, (9, 0))
+        cuda_op.cached_plan(problem, num_kv, fake_state())
     assert 1 <= len(cuda_op._plans) <= 4
 
 
@@ -222,7 +207,7 @@ def test_plan_cache_stays_bounded(monkeypatch):
 def test_a_held_plan_of_the_calls_shapes_and_device_passes():
     problem = validate(*case_args(_case()))
     state = fake_state(sm_count=132, capability=(9, 0))
-    for held in (launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 5, 132, (9, 0)),
+    for held in (launch_plan.plan(NQ, H, len(REQUESTS), 2, 5, DeviceFacts(132, (9, 0))),
                  launch_plan.plan(NQ, H, len(REQUESTS), 2, 10 ** 6, DeviceFacts(132, (9, 0), 232448), num_splits=4)):
         cuda_op.check_plan(held, problem, state)
         cuda_op.check_plan(held, problem, state._replace(shared_memory_per_block_optin=232448))
@@ -245,21 +230,20 @@ def test_a_held_plan_for_other_shapes_or_another_device_is_refused(change, messa
 
     problem = validate(*case_args(_case()))
     state = fake_state(sm_count=132, capability=(9, 0))._replace(index=2, shared_memory_per_block_optin=232448)
-    held = dataclasses.replace(launch_plan.plan_launch(NQ, H, len(REQUESTS), 2, 5, 132, (9, 0)), **change)
+    held = dataclasses.replace(launch_plan.plan(NQ, H, len(REQUESTS), 2, 5, DeviceFacts(132, (9, 0))), **change)
     with pytest.raises(ValueError) as err:
         cuda_op.check_plan(held, problem, state)
     assert str(err.value).startswith(f"plan: {message} (device 2); make the plan for this call's shapes")
     assert repr(held) in str(err.value)
 
 
-def test_a_plan_is_a_launch_plan_and_not_mixed_with_forced_choices():
+def test_a_plan_is_a_launch_plan_and_the_only_way_to_force_choices():
     problem = validate(*case_args(_case()))
     with pytest.raises(ValueError, match=r"^plan: expected a kdtree.kernels.LaunchPlan .*got tuple"):
         cuda_op.check_plan(("ws", 4), problem, fake_state())
-    held = _expected_plan(_case())
     for forced in (dict(variant="ws"), dict(num_splits=2)):
-        with pytest.raises(ValueError, match=r"^plan: pass a plan or variant / num_splits, not both"):
-            cuda_op.launch(*case_args(_case()), plan=held, **forced)
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            cuda_op.launch(*case_args(_case()), **forced)
 
 
 # --- per-device state and the multi-device branch -------------------------------------------------
@@ -346,11 +330,13 @@ def test_gpu_stream_and_device_match_torch():
 
 
 @pytest.mark.gpu
-def test_gpu_held_plan_runs_as_the_forced_choices_did_and_a_foreign_plan_is_refused():
+def test_gpu_held_plan_runs_as_the_public_call_with_it_and_a_foreign_plan_is_refused():
+    from kdtree.kernels import tree_verify_mla
+
     case = _case("cuda")
     out, held_out = _outputs("cuda")[0], torch.empty(NQ, H, 512, dtype=torch.bfloat16, device="cuda")
     held = launch_plan.plan(NQ, H, len(REQUESTS), 2, case["kv_indices"].numel(), num_splits=3)
-    cuda_op.launch(*case_args(case), out=out, variant=held.variant_name, num_splits=held.num_splits)
+    tree_verify_mla(*case_args(case), out=out, plan=held)
     cuda_op.launch(*case_args(case), out=held_out, plan=held)
     assert torch.equal(out, held_out)
     other = launch_plan.plan(NQ, H + 1, len(REQUESTS), 2, case["kv_indices"].numel())

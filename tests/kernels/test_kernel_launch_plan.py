@@ -7,10 +7,11 @@ import math
 import pytest
 
 from kdtree.kernels import launch_plan as lp
+from kdtree.kernels.device_facts import DeviceFacts
 
 
 def _plan(H, T, B, L, sms=132, cap=(9, 0)):
-    return lp.plan_launch(T * B, H, B, math.ceil(T / 32), B * (L + T), sms, cap)
+    return lp.plan(T * B, H, B, math.ceil(T / 32), B * (L + T), DeviceFacts(sms, cap))
 
 
 def _waves(plan, H, T, B, sms=132):
@@ -64,17 +65,17 @@ def test_variant_by_rows_and_capability():
 
 
 def test_forced_variant_is_an_argument_checked_against_the_device():
-    assert lp.choose_variant(64, (9, 0), "base32") == lp.VARIANTS["base32"]
+    assert _forced(variant="base32").variant == lp.VARIANTS["base32"]
     assert _forced(variant="base16").variant == lp.VARIANTS["base16"]
     assert _forced(variant="base16").block_m == 16
     with pytest.raises(ValueError, match=r"variant 'g64': expected one of \['base16', 'base32', 'wgmma', 'ws'\]"):
-        lp.choose_variant(64, (9, 0), "g64")
+        _forced(variant="g64")
     with pytest.raises(ValueError, match="variant 'ws' needs sm_90 or newer"):
-        lp.choose_variant(64, (8, 6), "ws")
+        lp.plan(64, 1, 1, 1, 100, DeviceFacts(84, (8, 6)), variant="ws")
 
 
 def _forced(H=8, T=4, B=1, L=32768, **kw):
-    return lp.plan_launch(T * B, H, B, math.ceil(T / 32), B * (L + T), 132, (9, 0), **kw)
+    return lp.plan(T * B, H, B, math.ceil(T / 32), B * (L + T), DeviceFacts(132, (9, 0)), **kw)
 
 
 def test_forced_splits_are_clamped():
@@ -98,11 +99,11 @@ def test_nothing_in_the_plan_reads_the_environment():
 
 
 def test_grid_covers_the_largest_request():
-    plan = lp.plan_launch(num_rows=300, num_heads=16, batch=3, mask_words=8, num_kv=3000, sm_count=132)
+    plan = lp.plan(num_rows=300, num_heads=16, batch=3, mask_words=8, num_kv=3000, device=DeviceFacts(132, (9, 0)))
     assert plan.grid_y * plan.block_m >= 256 * 16
 
 
-# --- the Hopper variant (issue 17) -------------------------------------------------------------
+# --- the Hopper variant -------------------------------------------------------------
 
 
 def test_runnable_variants_by_capability():
@@ -114,12 +115,12 @@ def test_runnable_variants_by_capability():
 
 
 def test_wgmma_is_forced_on_9_0_only():
-    assert lp.choose_variant(64, (9, 0), "wgmma") == lp.VARIANTS["wgmma"]
+    assert lp.forced_variant("wgmma", (9, 0)) == lp.VARIANTS["wgmma"]
     plan = _forced(H=64, T=64, B=8, variant="wgmma")
     assert plan.variant == lp.VARIANTS["wgmma"] and plan.block_m == 64 and plan.grid_y == 64
     for cap in [(12, 0), (10, 0), (8, 0)]:
         with pytest.raises(ValueError, match=r"variant 'wgmma' is built for sm_90a only .* use one of"):
-            lp.choose_variant(64, cap, "wgmma")
+            lp.plan(64, 1, 1, 1, 100, DeviceFacts(132, cap), variant="wgmma")
     assert lp.variant_name(lp.VARIANTS["wgmma"]) == "wgmma"
 
 
@@ -134,7 +135,7 @@ def test_default_dispatch_takes_wgmma_on_9_0_from_64_rows_and_never_elsewhere(mo
     assert lp.choose_variant(4096, (8, 0)) == lp.VARIANTS["base32"]
     plan = _plan(64, 64, 8, 32768)
     assert plan.variant == lp.VARIANTS["wgmma"] and plan.grid_y == 64 and plan.num_splits == 1
-    assert lp.plan_for_bucket(4, 64, 32768, 64, 132).variant == lp.VARIANTS["wgmma"]
+    assert lp.plan_bucket(4, 64, 32768, 64, DeviceFacts(132, (9, 0))).variant == lp.VARIANTS["wgmma"]
     monkeypatch.setattr(lp, "HOPPER_WGMMA_DEFAULT", False)  # the switch: ws everywhere on 9.0 again
     for rows in (17, 64, 4096):
         assert lp.choose_variant(rows, (9, 0)) == lp.VARIANTS["ws"]

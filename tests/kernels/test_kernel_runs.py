@@ -18,10 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdtree.bench.cases import case_args, make_case
+from kdtree.bench.forced import forced_kernel
 from kdtree.kernels import cuda_op
 from kdtree.kernels.contract import validate
 from kdtree.kernels.runs import KVRuns, expand, runs_from_indices, runs_from_run_lists, runs_from_slot_lists
-from kdtree.tools.host_path_bench import fake_state
+from kdtree.bench.host_path import fake_state
 
 REQUESTS = [(5, 30), (1, 0), (40, 7), (33, 64)]
 H = 3
@@ -199,7 +200,7 @@ def test_runs_path_matches_the_indices_path_bitwise(kind, variant, splits):
         args = list(case_args(case))
         if kv_runs is not None:
             args[4] = None
-        cuda_op.launch(*args, out=out, lse=lse, variant=variant, num_splits=splits, kv_runs=kv_runs)
+        forced_kernel(variant, splits)(*args, out=out, lse=lse, kv_runs=kv_runs)
         outs.append((out, lse))
     assert not torch.isnan(outs[1][0]).any() and not torch.isnan(outs[1][1]).any()
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

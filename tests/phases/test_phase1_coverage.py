@@ -9,8 +9,9 @@ import dataclasses
 import math
 
 from kdtree.gates.base import GateContext
-from kdtree.kernels.launch_plan import VARIANTS, plan_launch, runnable_variants
-from kdtree.phases.phase1 import coverage as cov
+from kdtree.kernels.device_facts import DeviceFacts
+from kdtree.kernels.launch_plan import VARIANTS, plan, runnable_variants
+from kdtree.bench import coverage_cases as cov
 from kdtree.phases import phase1
 from kdtree.phases.phase1 import checks as phase1_checks
 
@@ -28,8 +29,8 @@ def test_every_case_runs_through_every_variant_including_base32():
 
 def test_split_counts_around_what_a_188_sm_card_chooses():
     name, H, reqs, _ = next(c for c in phase1_checks.ACCURACY_CASES if c[0] == "H16 T33 L16k")
-    choice = plan_launch(33, H, 1, math.ceil(33 / 32), 33 + 16384, 188, (12, 0)).num_splits
-    h200 = plan_launch(33, H, 1, math.ceil(33 / 32), 33 + 16384, 132, (9, 0)).num_splits
+    choice = plan(33, H, 1, math.ceil(33 / 32), 33 + 16384, DeviceFacts(188, (12, 0))).num_splits
+    h200 = plan(33, H, 1, math.ceil(33 / 32), 33 + 16384, DeviceFacts(132, (9, 0))).num_splits
     assert choice != h200  # the H200 alone would never run the 188-SM card's choice
     got = {c.num_splits for c in _cases() if c.name.startswith(name + " [splits")}
     assert {choice - 1, choice, choice + 1, h200 - 1, h200, h200 + 1} <= got
@@ -43,7 +44,7 @@ def test_cases_with_slots_past_2_to_the_31_elements():
     small = dataclasses.replace(big[0], pool_slots=5000, min_slot=3000, requests=[(5, 40)])
     inputs = small.make_inputs(3, "cpu")
     assert int(inputs["kv_indices"].min()) >= 3000 and inputs["kv_cache"].shape[0] == 5000
-    assert inputs["launch"].keywords == {"variant": big[0].variant, "num_splits": None}
+    assert (inputs["launch"].variant, inputs["launch"].num_splits) == (big[0].variant, None)
 
 
 def test_the_accuracy_gate_adds_them_for_the_owned_kernel_only(monkeypatch):

@@ -94,9 +94,10 @@ def _drop_tail_past_8192(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None
 def split_edges(q, qo, kvp, mask, num_kv, sm_count=132):
     """Where the ws kernel's KV splits start (after the first) for this call at `sm_count` SMs (as an
     sm_120 card plans it: 32-row CTAs, 32-key tiles; a 9.0 device dispatches wgmma from 64 rows)."""
-    from kdtree.kernels.launch_plan import BLOCK_N, plan_launch
+    from kdtree.kernels.device_facts import DeviceFacts
+    from kdtree.kernels.launch_plan import BLOCK_N, plan as make_plan
 
-    plan = plan_launch(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, sm_count, (12, 0))
+    plan = make_plan(q.shape[0], q.shape[1], qo.numel() - 1, mask.shape[1], num_kv, DeviceFacts(sm_count, (12, 0)))
     edges = {}
     kv_l = kvp.tolist()
     for b in range(len(kv_l) - 1):
@@ -204,7 +205,7 @@ def test_the_split_boundary_candidate_is_not_vacuous():
 
 def test_dominant_key_cases_make_their_marked_keys_dominate():
     from kdtree.bench.cases import oracle
-    from kdtree.phases.phase1.cases import marked_positions
+    from kdtree.bench.structured_cases import marked_positions
 
     case = phase1_checks._structured_inputs(8, [(16, 8200)], "random", 3, "cpu")
     _, lse = oracle(case)
@@ -376,7 +377,7 @@ def test_token_exact_gate_fails_a_three_percent_scale_drift_on_screened_decision
 
 
 def test_a_length_mismatch_between_runs_is_an_error():
-    from kdtree.phases.phase1.tokens import same_length
+    from kdtree.bench.token_probe import same_length
 
     with pytest.raises(ValueError, match="returned 3 token streams and the reference 4"):
         same_length("x", [[1]] * 3, [[1]] * 4)

@@ -90,14 +90,14 @@ def cpu_gate(monkeypatch):
     monkeypatch.setattr(tools_timing, "measure_ceilings", lambda: (4e12, 1e12))  # every config tensor-core bound
     monkeypatch.setattr(phase1_checks, "_Pool", _Pool)
     monkeypatch.setattr(phase1_checks, "_gpu_timer", lambda: declared_cost_timer)
-    monkeypatch.setattr(phase1_checks, "SPEED_CONFIGS_QUICK", CONFIGS)
     monkeypatch.setattr(triton_baseline, "tree_verify_mla_triton", _costed(_oracle, "triton"))
     monkeypatch.setattr(flashinfer_peer, "unavailable_reason", lambda backend, device=None, smem_per_sm=None: None)
     monkeypatch.setattr(flashinfer_peer, "FlashInferMLA", FakePeer)
     monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.7.2.post1")
     FakePeer.built = []
     spec = phase1.SPEC.gate("speedup").model_copy(
-        update={"requires": [], "warmup": 1, "repeats": 3, "trials": 2})
+        update={"requires": [], "warmup": 1, "repeats": 3, "trials": 2,
+                "workload": {"quick": {"configs": CONFIGS, "pool_gb": 2.0}}})
     calls = {"sm120": 0}
 
     def sm120_ok(*args, out=None, lse=None):

@@ -15,7 +15,7 @@ import torch
 
 from kdtree.engine.metadata import verify_metadata
 from kdtree.phases import phase1
-from kdtree.phases.phase1.tokens import (
+from kdtree.bench.token_probe import (
     DitheredAttention, ScaledAttention, margins_against, probe_model, random_tree, screened_step,
 )
 

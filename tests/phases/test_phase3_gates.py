@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kdtree.bench import graph_cases
 from kdtree.bench.verify_step import StepInputs
 from kdtree.gates.base import GateContext, Outcome
 from kdtree.orchestrator.plan import resolve_check
@@ -42,7 +43,7 @@ def test_the_buffer_target_is_held_on_the_verify_masks_bytes_and_the_whole_buffe
 
     (target,) = SPEC.gate("capture_clean").targets
     assert "mask_buffer_ratio_128k" in target.note and "reported" in target.note
-    rows = phase3_checks.buffer_comparison()
+    rows = _buffers()
     packed = min(r["mask_only_ratio"] for r in rows)
     whole = min(r["ratio"] for r in rows)
     assert packed > 1000 and whole < 100  # ~2056x and ~4x: the target reads the first
@@ -55,12 +56,17 @@ def test_the_buffer_target_is_held_on_the_verify_masks_bytes_and_the_whole_buffe
 
 
 def test_buffer_comparison_is_sglangs_mask_over_our_buffers():
-    rows = {(r["batch"], r["tree"]): r for r in phase3_checks.buffer_comparison()}
+    rows = {(r["batch"], r["tree"]): r for r in _buffers()}
     r = rows[(8, 64)]
     assert r["sglang_mask_bytes"] == 8 * 64 * (131072 + 64)
     assert r["ratio"] == pytest.approx(r["sglang_mask_bytes"] / r["graph_buffer_bytes"])
     assert 15 < r["ratio"] < 17 and rows[(1, 512)]["ratio"] > 100
     assert r["graph_mask_bytes"] == 8 * 64 * 2 * 4  # the packed mask: two words a row
+
+
+def _buffers():
+    w = SPEC.gate("capture_clean").workload["full"]
+    return graph_cases.buffer_comparison(w["buffer_context"], w["buffer_buckets"])
 
 
 def test_phase_module_imports_no_torch():
@@ -92,7 +98,7 @@ def test_gpu_replay_equal_passes_on_the_real_path():
 
 def frozen_ranges(plan):
     """Splits cut from the kv_indptr seen first (the capture-time lengths): a frozen grid."""
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
     first = {}
 
     def fn(inputs, outputs):
@@ -114,7 +120,7 @@ def test_gpu_replay_equal_fails_on_ranges_frozen_at_capture():
 
 def leaky(plan):
     """Replays equal their eager calls, but every row sees the whole tree: only the oracle sees it."""
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
 
     def fn(inputs, outputs):
         inputs["tree_mask"].fill_(-1)
@@ -144,7 +150,7 @@ def test_gpu_capture_clean_passes_on_the_real_path():
 
 
 def syncing(plan):
-    real = phase3_checks.bucket_launch(plan)
+    real = graph_cases.bucket_launch(plan)
 
     def fn(inputs, outputs):
         if int(inputs["kv_indptr"][-1]) < 0:  # a device-to-host read before the launch
@@ -166,7 +172,7 @@ def allocating(plan):
 
     def fn(inputs, outputs):
         out = launch(inputs["q"], inputs["kv_cache"], inputs["qo_indptr"], inputs["kv_indptr"], inputs["kv_indices"],
-                     inputs["tree_mask"], phase3_checks.SM_SCALE, plan=plan)  # no out=: the launch allocates it
+                     inputs["tree_mask"], graph_cases.SM_SCALE, plan=plan)  # no out=: the launch allocates it
         outputs["out"].copy_(out)
         outputs["lse"].zero_()
     return fn
@@ -214,7 +220,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
     from kdtree.kernels.reference import tree_verify_mla_reference
 
     bucket = Bucket(3, 16, 256)
-    draws = [phase3_checks.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
+    draws = [graph_cases.launch_inputs(bucket, 2, seed, "cpu") for seed in range(12)]
     assert len({tuple((k, tuple(v.shape), v.dtype) for k, v in d.items()) for d in draws}) == 1
     lives = {int((d["qo_indptr"][1:] > d["qo_indptr"][:-1]).sum()) for d in draws}
     lens = {int(d["kv_indptr"][1] - d["qo_indptr"][1]) for d in draws}
@@ -226,7 +232,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
         n, k = qo[live], kv[live]
         out = tree_verify_mla_reference(d["q"][:n].contiguous(), d["kv_cache"], d["qo_indptr"][: live + 1],
                                         d["kv_indptr"][: live + 1], d["kv_indices"][:k].contiguous(),
-                                        d["tree_mask"][:n].contiguous(), phase3_checks.SM_SCALE)
+                                        d["tree_mask"][:n].contiguous(), graph_cases.SM_SCALE)
         assert torch.isfinite(out.float()).all()
         assert len(set(d["kv_indices"][:k].tolist())) == k  # fresh, distinct slots
 

@@ -55,7 +55,10 @@ def test_fa3_min_over_tensor_core_bound_configs_leaves_bandwidth_bound_ones_out(
     rows = [{"config": "small", "speedup": 0.6}, {"config": "big", "speedup": 0.9}, {"config": "bigger", "speedup": 1.2}]
     peer = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED, details={"configs": rows},
                       figures=[Figure(name="median_speedup", value=0.9), Figure(name="min_speedup", value=0.6)])
-    monkeypatch.setattr(speedup_mod, "check_speedup", lambda *a, **k: peer)
+    from kdtree.phases.phase1 import peers as peers_mod
+
+    monkeypatch.setattr(peers_mod, "measure_speedup", lambda *a, **k: "measured")
+    monkeypatch.setattr(speedup_mod, "judge_speedup", lambda spec, measured, ctx=None: measured == "measured" and peer)
     configs = [SimpleNamespace(name=n, params={}, refresh=None, make_inputs=None) for n in ("small", "big", "bigger")]
     result = GateResult(gate="speedup", kind="speedup", outcome=Outcome.PASSED)
     add_peer_figures(result, phase1.SPEC.gate("speedup"), configs, GateContext(device="cpu"), op=None,
@@ -85,7 +88,7 @@ def test_a_flashmla_that_loads_but_refuses_a_shape_leaves_its_figures_unmeasured
 
     from kdtree.bench import flashmla_peer
     from kdtree.bench.cases import make_case
-    from kdtree.gates.speedup import SpeedConfig
+    from kdtree.bench.speed import SpeedConfig
     from kdtree.kernels.naive import tree_verify_mla_naive
     from kdtree.phases.phase1.peers import add_flashmla_figures
 

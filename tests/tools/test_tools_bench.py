@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kdtree.bench import roofline, timing
+from kdtree.bench import grid, roofline, timing
 from kdtree.bench.cases import LAYOUTS, case_args, uniform_case
 from kdtree.kernels.masks import unpack_bool_rows
 from kdtree.kernels.naive import tree_verify_mla_naive
@@ -68,7 +68,7 @@ def test_roofline_counts_and_cli(capsys):
 
 
 def test_grids():
-    full, quick = bench.bench_grid(False), bench.bench_grid(True)
+    full, quick = grid.bench_grid(False), grid.bench_grid(True)
     assert len(full) == 4 * 4 * 2 * 3 + 2 * 2 * 3 and len(set(full)) == len(full)
     assert set(quick) <= set(full) and len(quick) == 8
     assert max(s.T for s in full) == 1024 and {s.L for s in full} == {4096, 32768, 131072}
@@ -85,15 +85,15 @@ def _slow(*args, out=None, lse=None):
 
 
 def test_bench_config_checks_skips_and_times(pool, monkeypatch):
-    monkeypatch.setattr(bench, "SKIP_SECONDS", 0.2)
-    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.02)
+    monkeypatch.setattr(grid, "SKIP_SECONDS", 0.2)
+    monkeypatch.setattr(grid, "TARGET_SECONDS", 0.02)
     fns = {"naive": tree_verify_mla_naive, "broken": _broken, "slow": _slow}
-    model = bench._CostModel()
-    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", fns, pool, 1e12, 1e14,
+    model = grid._CostModel()
+    rows = grid.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", fns, pool, 1e12, 1e14,
                               seed=3, model=model, timer=timing.HostTimer())
     by = {r["impl"]: r for r in rows}
     assert by["naive"]["status"] == "ok" and by["naive"]["check"] == "anchor"
-    assert by["naive"]["reps"] >= bench.MIN_REPS and by["naive"]["min_ms"] <= by["naive"]["median_ms"]
+    assert by["naive"]["reps"] >= grid.MIN_REPS and by["naive"]["min_ms"] <= by["naive"]["median_ms"]
     assert by["broken"]["status"] == "disagree" and by["broken"]["rel_l2"] > 1.0
     assert by["slow"]["status"] == "skipped" and by["slow"]["reps"] == 1
     # with a second measurement the cost model predicts `slow` over the limit: it is not called again
@@ -104,7 +104,7 @@ def test_bench_config_checks_skips_and_times(pool, monkeypatch):
         return _slow(*args, **kwargs)
 
     model.add("slow", roofline.Shape(2, 8, 2, 64), 0.3)
-    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "contiguous", {"naive": tree_verify_mla_naive,
+    rows = grid.bench_config(roofline.Shape(2, 8, 2, 64), "contiguous", {"naive": tree_verify_mla_naive,
                               "slow": counted_slow}, pool, 1e12, 1e14, seed=4, model=model, timer=timing.HostTimer())
     by = {r["impl"]: r for r in rows}
     assert by["slow"]["status"] == "skipped" and "cost model" in by["slow"]["note"] and not calls
@@ -126,18 +126,19 @@ class _RecordingTimer(timing.HostTimer):
 def test_round_robin_interleaves_through_the_timer_and_returns_host_seconds():
     log = []
     calls = {"a": lambda r: log.append(f"a{r}"), "b": lambda r: (log.append(f"b{r}"), time.sleep(0.002))}
-    gpu, host = timing.time_round_robin(calls, {"a": 2, "b": 1}, _RecordingTimer(log))
+    host = {"a": [], "b": []}
+    gpu = timing.round_robin(calls, repeats={"a": 2, "b": 1}, timer=_RecordingTimer(log), host=host)
     assert log == ["timed", "a0", "timed", "b0", "timed", "a1"]
     assert [len(gpu["a"]), len(gpu["b"]), len(host["a"]), len(host["b"])] == [2, 1, 2, 1]
     assert host["b"][0] >= 0.002 and host["a"][0] < host["b"][0]
-    assert isinstance(timing.gpu_timer("cpu"), timing.HostTimer)  # no queued timer off CUDA
+    assert isinstance(timing.make_timer("cpu"), timing.HostTimer)  # no queued timer off CUDA
 
 
 def test_bench_config_reports_host_time_and_lead_overruns(pool, monkeypatch):
-    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.01)
+    monkeypatch.setattr(grid, "TARGET_SECONDS", 0.01)
     log = []
-    rows = bench.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", {"naive": tree_verify_mla_naive}, pool,
-                              1e12, 1e14, seed=3, model=bench._CostModel(), timer=_RecordingTimer(log, 1e-9))
+    rows = grid.bench_config(roofline.Shape(2, 8, 2, 64), "scattered", {"naive": tree_verify_mla_naive}, pool,
+                              1e12, 1e14, seed=3, model=grid._CostModel(), timer=_RecordingTimer(log, 1e-9))
     (row,) = rows
     assert row["host_us"] > 0 and len(log) == 1 + row["reps"]  # the first call and every timed one
     assert row["lead_overruns"] == row["reps"] and "host time > 0.001 µs lead" in row["note"]
@@ -200,20 +201,20 @@ def test_cli_without_gpu_says_so(capsys, monkeypatch):
 @pytest.fixture
 def host_clock(monkeypatch):
     """Run the benchmark driver on the CPU: the host timer, cheap ceilings."""
-    monkeypatch.setattr(bench, "measure_ceilings", lambda device="cuda": (2e10, 5e11))
-    monkeypatch.setattr(bench, "TARGET_SECONDS", 0.005)
+    monkeypatch.setattr(grid, "measure_ceilings", lambda device="cuda": (2e10, 5e11))
+    monkeypatch.setattr(grid, "TARGET_SECONDS", 0.005)
 
 
 def test_run_on_cpu_with_budget(host_clock):
     log = []
     shapes = [roofline.Shape(2, 8, 2, 64), roofline.Shape(1, 1, 1, 0)]
-    rows, facts = bench.run(["naive"], shapes, list(LAYOUTS), pool_gb=0.002, budget_s=60,
+    rows, facts = grid.run(["naive"], shapes, list(LAYOUTS), pool_gb=0.002, budget_s=60,
                             argv=["--impl", "naive"], log=log.append, device="cpu")
-    assert len(rows) == 4 and all(r["status"] == "ok" and r["reps"] >= bench.MIN_REPS for r in rows)
+    assert len(rows) == 4 and all(r["status"] == "ok" and r["reps"] >= grid.MIN_REPS for r in rows)
     assert facts["copy_bytes_per_s"] == 2e10 and facts["command"].endswith("--impl naive")
     assert facts["impls"] == ["naive"] and facts["not_run"] == [] and facts["impl_errors"] == {}
     assert any(line.startswith("[4/4") for line in log)
-    rows, facts = bench.run(["naive"], shapes, ["scattered"], 0.002, budget_s=-1, argv=[], log=log.append,
+    rows, facts = grid.run(["naive"], shapes, ["scattered"], 0.002, budget_s=-1, argv=[], log=log.append,
                             device="cpu")
     assert rows == [] and facts["not_run"] == ["H2 T8 B2 L64 scattered", "H1 T1 B1 L0 scattered"]
 
@@ -243,8 +244,9 @@ def test_gpu_timer_keeps_host_time_out_of_the_timings():
         time.sleep(0.005)  # 5 ms on the host before the launch
         x.add_(1)
 
-    plain, _ = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.0))
-    led, led_host = timing.time_round_robin({"k": call}, {"k": 3}, timing.gpu_timer(lead_s=0.02))
+    plain = timing.round_robin({"k": call}, repeats=3, timer=timing.make_timer(lead_s=0.0))
+    led_host = {"k": []}
+    led = timing.round_robin({"k": call}, repeats=3, timer=timing.make_timer(lead_s=0.02), host=led_host)
     assert min(plain["k"]) >= 0.0049, plain  # idle GPU: the host's 5 ms are counted
     assert max(led["k"]) < 0.0025, led  # queued behind the busy-wait: only GPU time
     assert min(led_host["k"]) >= 0.005  # host time reported separately

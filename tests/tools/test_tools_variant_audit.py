@@ -1,12 +1,13 @@
-"""kdtree.tools.variant_audit on the CPU: the torch backend stays in the oracle's band, a
-wrong-scale backend is an outlier, a backend whose reruns differ is a race."""
+"""kdtree.bench.variant_audit (what kdtree.tools.variant_audit runs) on the CPU: the torch backend
+stays in the oracle's band, a wrong-scale backend is an outlier, a backend whose reruns differ is
+a race."""
 
 import pytest
 import torch
 
 from kdtree.engine import build_model, preset
 from kdtree.engine.backends import TorchBackend, dense_attention
-from kdtree.tools.variant_audit import audit, path_tree, position_drifts
+from kdtree.bench.variant_audit import audit, path_tree, position_drifts
 
 
 class ScaledBackend(TorchBackend):
@@ -77,7 +78,7 @@ def test_on_the_gpu_every_runnable_variant_stays_in_the_oracles_band():
         pytest.skip("no CUDA GPU on this machine (torch.cuda.is_available() is False)")
     from kdtree.bench.verify_step import token_exact_prompts
     from kdtree.kernels.launch_plan import runnable_variants
-    from kdtree.tools.variant_audit import ForcedVariantBackend
+    from kdtree.bench.variant_audit import ForcedVariantBackend
 
     variants = [v for v in ("ws", "wgmma") if v in runnable_variants(torch.cuda.get_device_capability())]
     if not variants:

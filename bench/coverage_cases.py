@@ -1,11 +1,11 @@
-"""Phase 1's coverage cases: the accuracy cases run through every kernel variant, through forced
+"""The coverage cases (phase 1's accuracy gate): the accuracy cases run through every kernel variant, through forced
 KV split counts around those other GPUs would choose, and on a pool whose slots sit past 2^31
-elements. The accuracy gate adds them when it checks the owned kernel (`checks.check_accuracy`).
+elements. Phase 1's accuracy gate adds them when it checks the owned kernel.
 
 Why: the launch plan picks one variant and one split count per shape and device, so a run on one
 Hopper card alone never exercises ``base32`` (the pre-sm_90 path) and never the split counts a card
 with another SM count chooses (188 on the RTX PRO 6000, an sm_120 card). Forcing them through
-`kdtree.kernels.cuda_op.launch` checks every specialisation on every case; the large pool checks
+their plans (`kdtree.bench.forced`) checks every specialisation on every case; the large pool checks
 the 64-bit slot offsets (slot * 576 > 2^31) that the phase's small pools never reach.
 
 A coverage case's inputs carry ``inputs["launch"]``: the kernel's call with its variant and split
@@ -15,7 +15,6 @@ inside the functions that build inputs.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -24,8 +23,9 @@ import torch
 
 from kdtree.bench.cases import make_case, make_pool
 from kdtree.gates.accuracy import AccuracyCase
-from kdtree.kernels.cuda_op import launch
-from kdtree.kernels.launch_plan import MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, plan_launch, runnable_variants
+from kdtree.bench.forced import forced_kernel
+from kdtree.kernels.device_facts import DeviceFacts
+from kdtree.kernels.launch_plan import MAX_SPLITS, VARIANTS, WORKSPACE_ROWS, plan, runnable_variants
 
 # (SM count, compute capability) of the cards whose split choices are covered.
 SPLIT_DEVICES = ((188, (12, 0)), (132, (9, 0)))  # RTX PRO 6000 Blackwell, H200
@@ -55,7 +55,7 @@ class CoverageCase:
     def make_inputs(self, seed: int, device: str) -> dict[str, Any]:
         pool = make_pool(self.pool_slots, device, seed) if self.pool_slots else None
         inputs = make_case(self.H, self.requests, self.kind, seed, pool=pool, device=device, min_slot=self.min_slot)
-        inputs["launch"] = functools.partial(launch, variant=self.variant, num_splits=self.num_splits)
+        inputs["launch"] = forced_kernel(self.variant, self.num_splits)
         return inputs
 
 
@@ -64,7 +64,7 @@ def plan_splits(H: int, requests: list, sm_count: int, capability: tuple[int, in
     rows = sum(t for t, _ in requests)
     words = math.ceil(max(t for t, _ in requests) / 32)
     kv = sum(t + ell for t, ell in requests)
-    return plan_launch(rows, H, len(requests), words, kv, sm_count, capability).num_splits
+    return plan(rows, H, len(requests), words, kv, DeviceFacts(sm_count, tuple(capability))).num_splits
 
 
 def split_counts(H: int, requests: list) -> list[int]:

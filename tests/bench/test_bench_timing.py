@@ -1,6 +1,6 @@
-"""Timers: what the queued CUDA-event timer measures (GPU part), and its pure logic on the CPU:
-sleep length, label, argument checks, the order of what it queues, host times through the
-speedup gate."""
+"""The bench's timers: what the queued CUDA-event timer measures (GPU part), and its pure logic on
+the CPU: sleep length, label, argument checks, the order of what it queues, the interleaving
+loop, host times through the speed measurement and the gate that judges it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import time
 import pytest
 import torch
 
-from kdtree.gates import timing
+from kdtree.bench import timing
+from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
+from kdtree.bench.timing import QueuedTimer, queued_label, round_robin, sleep_cycles
 from kdtree.gates.base import GateContext, Outcome
 from kdtree.gates.spec import SpeedupGateSpec
-from kdtree.gates.speedup import SpeedConfig, check_speedup
-from kdtree.gates.timing import QueuedTimer, cuda_event_timer, interleaved, queued_label, sleep_cycles
+from kdtree.gates.speedup import judge_speedup
+
+cuda_event_timer = QueuedTimer
 
 
 def test_sleep_cycles_cover_the_lead():
@@ -123,13 +126,29 @@ class _HostTimer:
         return [1e-3, 3e-3][self.side ^ 1]
 
 
-def test_interleaved_splits_host_seconds_by_side():
+def test_round_robin_splits_host_seconds_by_side():
     host = ([], [])
-    ta, tb = interleaved(lambda i: None, lambda i: None, warmup=2, repeats=3, timer=_HostTimer(), host=host)
+    ta, tb = round_robin([lambda i: None, lambda i: None], warmup=2, repeats=3, timer=_HostTimer(), host=host)
     assert ta == [1e-3] * 3 and tb == [3e-3] * 3
     assert host == ([20e-6] * 3, [2e-3] * 3)
     with pytest.raises(ValueError, match="host_seconds"):
-        interleaved(lambda i: None, None, warmup=0, repeats=1, timer=timing.perf_counter_timer, host=([], []))
+        round_robin([lambda i: None], repeats=1, timer=lambda fn: fn() or 0.0, host=([],))
+    with pytest.raises(ValueError, match="one count per call"):
+        round_robin([lambda i: None], repeats=[1, 2], timer=_HostTimer())
+
+
+def test_round_robin_by_name_lets_a_call_sit_out_rounds_past_its_count():
+    order = []
+    got = round_robin({"a": lambda i: order.append(("a", i)), "b": lambda i: order.append(("b", i))},
+                      repeats={"a": 3, "b": 1}, timer=timing.HostTimer(), before=lambda i: order.append(("-", i)))
+    assert order == [("-", 0), ("a", 0), ("b", 0), ("-", 1), ("a", 1), ("-", 2), ("a", 2)]
+    assert [len(got["a"]), len(got["b"])] == [3, 1]
+
+
+def test_make_timer_off_cuda_is_the_host_timer():
+    t = timing.make_timer("cpu")
+    assert isinstance(t, timing.HostTimer) and t.label == "perf_counter"
+    assert t(lambda: None) >= 0 and len(t.host_seconds) == 1
 
 
 def test_speedup_gate_reports_host_time_per_side():
@@ -139,8 +158,9 @@ def test_speedup_gate_reports_host_time_per_side():
     def make_inputs(seed, device):
         return {"x": torch.randn(8, generator=torch.Generator().manual_seed(seed))}
 
-    r = check_speedup(spec, [SpeedConfig("a", make_inputs)], lambda i: i["x"] * 2, lambda i: i["x"] + i["x"],
-                      GateContext(), timer=_HostTimer())
+    measured = measure_speedup([SpeedConfig("a", make_inputs)], lambda i: i["x"] * 2, lambda i: i["x"] + i["x"],
+                               GateContext(), **speed_protocol(spec), timer=_HostTimer())
+    r = judge_speedup(spec, measured)
     assert r.outcome is Outcome.PASSED, r.summary
     (row,) = r.details["configs"]
     assert row["candidate_host_us"] == pytest.approx(20.0) and row["baseline_host_us"] == pytest.approx(2000.0)
