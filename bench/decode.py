@@ -173,9 +173,9 @@ class DecodeSession:
 
 
 def _gpu_timer(device: torch.device):
-    from kdtree.gates.timing import cuda_event_timer, default_timer  # noqa: PLC0415
+    from kdtree.bench.timing import QueuedTimer, make_timer  # noqa: PLC0415
 
-    return cuda_event_timer(lead_s=BREAKDOWN_LEAD_S) if device.type == "cuda" else default_timer(str(device))
+    return QueuedTimer(lead_s=BREAKDOWN_LEAD_S) if device.type == "cuda" else make_timer(str(device), cold_l2=False, lead_s=0.0)
 
 
 def _median_ms(timer, fn, repeats: int) -> float:

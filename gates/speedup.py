@@ -227,23 +227,3 @@ def judge_speedup(spec: SpeedupGateSpec, measured: Any, ctx: Optional[GateContex
     else:
         summary = "no config was timed against the baseline" + ("; " + summary if summary else "")
     return verdict(spec.name, spec.kind, figures, summary, **details)
-
-
-# -- for callers that still measure through the gate -------------------------------------------------
-def check_speedup(spec: SpeedupGateSpec, configs: Any, candidate: Any, baseline: Any, ctx: GateContext, *,
-                  timer: Any = None, agree: Any = None, floor_s: Any = None, others: Any = None) -> GateResult:
-    """`kdtree.bench.speed.measure_speedup` with the spec's protocol, then `judge_speedup`: what
-    phases that have not split measuring from judging call."""
-    from kdtree.bench.speed import measure_speedup, speed_protocol  # noqa: PLC0415
-
-    measured = measure_speedup(configs, candidate, baseline, ctx, **speed_protocol(spec), timer=timer, agree=agree,
-                               floor_s=floor_s, others=others)
-    return judge_speedup(spec, measured, ctx)
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("SpeedConfig", "rel_l2_disagreement", "refresh_floats_"):  # moved to kdtree.bench.speed
-        from kdtree.bench import speed  # noqa: PLC0415
-
-        return getattr(speed, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,18 +20,19 @@ import torch
 from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
 from kdtree.bench.verify_step import VerifySetup, step_breakdown, token_exact_prompts
 from kdtree.engine import backends, generate
-from kdtree.gates import accuracy as accuracy_gate, speedup as speedup_gate, token_exact as token_exact_gate
+from kdtree.gates import accuracy as accuracy_gate, token_exact as token_exact_gate
 from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.metric import check_metric
-from kdtree.gates.speedup import SpeedConfig
-from kdtree.gates.timing import cuda_event_timer, default_timer
+from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
+from kdtree.bench.timing import QueuedTimer, make_timer
+from kdtree.gates.speedup import judge_speedup
 from kdtree.gates.token_exact import Stream
 from kdtree.integrations.sglang.converter import VerifyConverter
 from kdtree.integrations.sglang.fixtures import make_verify_batch
 from kdtree.kernels import tree_verify_mla
 from kdtree.phases.models import SPEED_PRESET, release_device_memory, shared_model
-from kdtree.phases.phase1.tokens import decoy_step
+from kdtree.bench.token_probe import decoy_step
 
 LONG_PROMPT_TOKENS = 32768  # token_exact: prompts at least this long are part of every run
 VERIFY_CONTEXTS = (4096, 32768, 131072)
@@ -59,7 +60,7 @@ def sm120_backend() -> str:
 
     if SM120_BACKEND not in backends.known_backends():
         backends.register_backend(SM120_BACKEND, lambda: backends.OpBackend(
-            SM120_BACKEND, "kdtree.phases.phase1.sm120", "sm120_path"))
+            SM120_BACKEND, "kdtree.bench.forced", "sm120_path"))
     return SM120_BACKEND
 
 
@@ -103,7 +104,7 @@ def check_token_exact(spec, ctx: GateContext, backend: str = "kernel", device: s
 
 def _decoy_streams(model, backend: str, prompts, greedy, max_new_tokens: int, ctx: GateContext,
                    details: dict, count: int = 4) -> list:
-    """One verify step on decoy trees (phase 1's `kdtree.phases.phase1.tokens.decoy_step`: the greedy path hidden
+    """One verify step on decoy trees (`kdtree.bench.token_probe.decoy_step`: the greedy path hidden
     behind branches that only a wrong tree mask lets through) for the short prompts, on `backend`
     and on the reference over the same KV: drafted trees alone leave margins too wide for a leaky
     mask to change tokens reliably."""
@@ -223,8 +224,8 @@ def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16,
     for _ in range(3):
         conv.convert(*args)
         run_kernel()
-    gpu = cuda_event_timer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
-    eager = cuda_event_timer()  # host launch time included, as an eager step pays it
+    gpu = QueuedTimer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
+    eager = QueuedTimer()  # host launch time included, as an eager step pays it
     conv_ms = statistics.median(gpu(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
     kern_ms = statistics.median(gpu(run_kernel) for _ in range(repeats)) * 1e3
     conv_eager_ms = statistics.median(eager(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
@@ -265,11 +266,13 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
         breakdown[context_label(context)] = {name: step_breakdown(setup, name, repeats=5) for name in backends}
 
     configs = [make(c) for c in contexts]
-    for cfg in configs:  # one config per check_speedup call: its pool is freed before the next
+    for cfg in configs:  # one config per measurement: its pool is freed before the next
         ctx.progress(f"verify step {cfg.name}", None)
-        timer = cuda_event_timer(lead_s=STEP_LEAD_S) if str(device).startswith("cuda") else default_timer(device)
-        res = speedup_gate.check_speedup(spec, [cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx, timer=timer,
-                            others=others)
+        timer = (QueuedTimer(lead_s=STEP_LEAD_S) if str(device).startswith("cuda")
+                 else make_timer(device, cold_l2=False, lead_s=0.0))
+        measured = measure_speedup([cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx,
+                                   **speed_protocol(spec), timer=timer, others=others)
+        res = judge_speedup(spec, measured, ctx)
         if setups:
             after_each(cfg.params["L"], next(iter(setups.values())))
         results.append(res)

@@ -36,8 +36,7 @@ SPEC = PhaseSpec(
     ],
     versions=["torch", "triton", "nvcc", "sglang"],  # recorded with every run, besides python and the orchestrator
     inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
-            "phases/__init__.py", "phases/models.py", "phases/phase2/**/*.py", "phases/phase1/tokens.py",
-            "phases/phase1/trees.py", "phases/phase1/sm120.py", "gates/**/*.py"],
+            "phases/__init__.py", "phases/models.py", "phases/phase2/**/*.py", "gates/**/*.py"],
     gates=[
         TokenExactGateSpec(
             name="token_exact", requires=["cuda"], min_prompts=16, max_new_tokens=32, min_exact_fraction=1.0,

@@ -105,7 +105,14 @@ def test_sglang_parity_passes_the_backend_path():
 @pytest.mark.slow
 def test_sglang_parity_fails_a_leaky_mask():
     def leaky(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
-        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | 0x7FFFFFFF, scale, out=out, lse=lse)
+        # every node sees its whole tree (siblings, descendants): a leak that stays inside the tree,
+        # since bits past a tree are refused by the contract itself
+        sizes = torch.repeat_interleave(qo[1:] - qo[:-1], qo[1:] - qo[:-1]).to(torch.int64)
+        bit = torch.arange(mask.shape[1] * 32, device=mask.device)
+        words = (bit[None, :] < sizes[:, None]).to(torch.int64).view(mask.shape[0], mask.shape[1], 32)
+        whole_tree = (words << torch.arange(32, device=mask.device)).sum(-1)
+        whole_tree = torch.where(whole_tree >= 2**31, whole_tree - 2**32, whole_tree).to(mask.dtype)
+        return tree_verify_mla_reference(q, kv, qo, kvp, idx, mask | whole_tree, scale, out=out, lse=lse)
 
     result = _parity(leaky)
     assert result.outcome is Outcome.FAILED
@@ -171,7 +178,7 @@ def test_the_sm120_backend_runs_the_forced_path():
     from kdtree.engine.backends import get_backend
 
     backend = get_backend(phase2_checks.sm120_backend())
-    assert backend._where == ("kdtree.phases.phase1.sm120", "sm120_path")
+    assert backend._where == ("kdtree.bench.forced", "sm120_path")
 
 
 @pytest.mark.slow
