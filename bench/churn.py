@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from kdtree.bench.sglang_allocator_model import UnsortedFreeListAllocator
-from kdtree.engine.allocator import SortedRunAllocator
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.prefix_cache import PrefixCacheModel
-from kdtree.engine.relocation import PinTable, RelocationRound, Relocator
+from kdtree.engine.kv.allocator import SortedRunAllocator
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.kv.prefix_cache import PrefixCacheModel
+from kdtree.engine.kv.relocation import PinTable, RelocationRound, Relocator
 
 MODES = ("unsorted", "sglang_sorted", "tier0", "tier0+1")
 

@@ -34,9 +34,9 @@ import torch
 from kdtree.bench.decode_backends import BACKENDS, MODES, Arm, make_runner
 from kdtree.bench.decode_stats import speedup, summarize
 from kdtree.engine.api import decode_loop
-from kdtree.engine.drafters import SelfDraftDrafter, get_drafter
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.decode.drafters import SelfDraftDrafter, get_drafter
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 
 BASELINE = "triton"
 BREAKDOWN_LEAD_S = 0.05  # longer than an eager verify step's host time at 128k (dsv3-tp8, 8 layers)
@@ -192,8 +192,8 @@ def step_breakdown(session: DecodeSession, arm: Arm, step_ms: float, repeats: in
     metadata; conversion: the metadata's device build (the graph's packed mask, indptrs and
     scattered slots; for the Triton backend also SGLang's layout: prefix compaction and the bool
     verify mask); rest: verify minus attention and conversion."""
-    from kdtree.engine.graph_capture import choose_bucket, stage_values, bucket_metadata  # noqa: PLC0415
-    from kdtree.engine.metadata import verify_metadata  # noqa: PLC0415
+    from kdtree.engine.decode.graph_capture import choose_bucket, stage_values, bucket_metadata  # noqa: PLC0415
+    from kdtree.engine.decode.metadata import verify_metadata  # noqa: PLC0415
 
     session.reset()
     runner: Runner = session.runners[arm.name]

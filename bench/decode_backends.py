@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from kdtree.bench.forced import sm120_path, sm120_variant
-from kdtree.engine import backends as engine_backends
-from kdtree.engine.backends import AttentionBackend, OpBackend
-from kdtree.engine.draft_graphs import DraftGraphs
-from kdtree.engine.graph_capture import Bucket, BucketKernelBackend, VerifyGraphs
-from kdtree.engine.speculative import Runner
+from kdtree.engine.decode import backends as engine_backends
+from kdtree.engine.decode.backends import AttentionBackend, OpBackend
+from kdtree.engine.decode.draft_graphs import DraftGraphs
+from kdtree.engine.decode.graph_capture import Bucket, BucketKernelBackend, VerifyGraphs
+from kdtree.engine.decode.speculative import Runner
 
 SM120_BACKEND = "kernel-sm120"
 BACKENDS = ("kernel", "triton", "sm120")  # the benchmark's names, in report order

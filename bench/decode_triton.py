@@ -29,8 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
-from kdtree.engine.backends import AttentionBackend
-from kdtree.engine.metadata import AttentionMetadata
+from kdtree.engine.decode.backends import AttentionBackend
+from kdtree.engine.decode.metadata import AttentionMetadata
 from kdtree.kernels.contract import LATENT_DIM
 
 BACKEND_NAME = "sglang-triton"

@@ -26,9 +26,9 @@ from kdtree.bench.defrag_measure import (
 from kdtree.bench.spec_churn import Arrival, serve
 from kdtree.bench.timing import gpu_cycles_per_s, make_timer, round_robin, sleep_cycles
 from kdtree.engine import ModelConfig, build_model
-from kdtree.engine.config import preset
-from kdtree.engine.relocation import Relocator
-from kdtree.engine.run_metadata import expand_runs, indices_metadata_bytes, runs_metadata_bytes
+from kdtree.engine.model.config import preset
+from kdtree.engine.kv.relocation import Relocator
+from kdtree.engine.kv.run_metadata import expand_runs, indices_metadata_bytes, runs_metadata_bytes
 from kdtree.gates.base import GateContext
 from kdtree.kernels import tree_verify_mla
 from kdtree.kernels.cuda_op import launch

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from kdtree.bench.churn import ChurnConfig, ChurnRun
-from kdtree.engine.run_metadata import expand_runs, runs_of
+from kdtree.engine.kv.run_metadata import expand_runs, runs_of
 
 
 def churn_layouts(cfg: ChurnConfig, seed: int, modes: Sequence[str],
@@ -242,7 +242,7 @@ H200_HBM_BYTES_PER_S = 4.3e12  # an H200's copy bandwidth (phase 1's roofline, r
 
 
 def verify_step_hbm_bytes(cfg, batch: int, context: int, tree_nodes: int) -> dict[str, int]:
-    """HBM bytes one verify step of `cfg` (a `kdtree.engine.config.ModelConfig`) must read at least:
+    """HBM bytes one verify step of `cfg` (a `kdtree.engine.model.config.ModelConfig`) must read at least:
     every layer's KV for every request's context and tree (576 bf16 per token), and every layer's
     weights (bf16) plus the LM head, each once. A floor: activations and the kernel's re-reads are
     left out."""

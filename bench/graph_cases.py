@@ -33,13 +33,13 @@ from kdtree.bench.graph_replay import GraphCase
 from kdtree.bench.timing import make_timer, round_robin
 from kdtree.bench.verify_step import EngineVerify, StepInputs, mixed_parents
 from kdtree.engine.api import decode_loop
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.graph_capture import (
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.drafters import get_drafter
+from kdtree.engine.decode.graph_capture import (
     Bucket, BucketKernelBackend, VerifyGraphs, graph_buffer_bytes, sglang_verify_mask_bytes,
 )
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 from kdtree.gates.base import GateContext
 from kdtree.gates.tensors import compare
 from kdtree.integrations.sglang.converter import VerifyConverter

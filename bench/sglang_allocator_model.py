@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from kdtree.engine.allocator import SlotAllocator
+from kdtree.engine.kv.allocator import SlotAllocator
 
 
 class SGLangTokenAllocatorModel:

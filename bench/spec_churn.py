@@ -13,13 +13,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from kdtree.engine.allocator import FreeListAllocator, SortedRunAllocator
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.model import MLAModel
-from kdtree.engine.relocation import Relocator
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.kv.allocator import FreeListAllocator, SortedRunAllocator
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.drafters import get_drafter
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.model.model import MLAModel
+from kdtree.engine.kv.relocation import Relocator
+from kdtree.engine.decode.speculative import Request, Runner
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from kdtree.engine.backends import AttentionBackend, OpBackend, ReferenceBackend
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
-from kdtree.engine.tree import TokenTree
+from kdtree.engine.decode.backends import AttentionBackend, OpBackend, ReferenceBackend
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.decode.tree import TokenTree
 
 
 class ForcedVariantBackend(OpBackend):

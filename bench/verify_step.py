@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 import torch
 
-from kdtree.engine.backends import get_backend
-from kdtree.engine.graph_capture import VerifyGraphs, stage_values, verify_body
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import verify_metadata
-from kdtree.engine.speculative import Request, Runner
-from kdtree.engine.tree import TokenTree
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.graph_capture import VerifyGraphs, stage_values, verify_body
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import verify_metadata
+from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.decode.tree import TokenTree
 
 
 def token_exact_prompts(n: int, long_prompts: int, long_len: int, vocab: int, seed: int) -> list[list[int]]:

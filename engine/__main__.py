@@ -12,9 +12,9 @@ import random
 import click
 
 from kdtree.cli_support import common_options, run
-from kdtree.engine.backends import known_backends
-from kdtree.engine.config import PRESETS
-from kdtree.engine.drafters import DRAFTER_NAMES
+from kdtree.engine.decode.backends import known_backends
+from kdtree.engine.model.config import PRESETS
+from kdtree.engine.decode.drafters import DRAFTER_NAMES
 
 
 def _prompts(prompt_ids: str | None, seed: int, batch: int, vocab: int,
@@ -78,8 +78,8 @@ def generate(prompt_ids, prompt_len, seed, batch, drafter, budget, backend, devi
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from kdtree.engine.api import build_model, check_device, generate as run_generate  # noqa: PLC0415
-    from kdtree.engine.backends import get_backend  # noqa: PLC0415
-    from kdtree.engine.config import preset  # noqa: PLC0415
+    from kdtree.engine.decode.backends import get_backend  # noqa: PLC0415
+    from kdtree.engine.model.config import preset  # noqa: PLC0415
 
     err = Console(stderr=True)
     if threads is not None:

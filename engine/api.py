@@ -8,13 +8,13 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-from kdtree.engine.backends import get_backend
-from kdtree.engine.config import ModelConfig, preset
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.model import MLAModel
-from kdtree.engine.speculative import Request, Runner
-from kdtree.engine.weights import init_weights
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.model.config import ModelConfig, preset
+from kdtree.engine.decode.drafters import get_drafter
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.model.model import MLAModel
+from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.model.weights import init_weights
 from kdtree.kernels.contract import MAX_TREE_NODES
 
 
@@ -35,7 +35,7 @@ class GenerationResult:
     backend: str
     device: str
     dtype: str
-    cuda_graph: bool = False  # verify steps replayed CUDA graphs (kdtree.engine.graph_capture)
+    cuda_graph: bool = False  # verify steps replayed CUDA graphs (kdtree.engine.decode.graph_capture)
     graph_replays: int = 0  # verify steps served by a graph replay (the rest ran eagerly)
     draft_graph_replays: int = 0  # the self-draft model's decode passes served by a graph replay
     # With record_margins (plain greedy only): per request and token, the top-1 minus top-2 logit
@@ -154,12 +154,12 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     model: a built `MLAModel` (its device and dtype win); else one is built from `config`
     (default 'tiny') and `seed` on `device` in `dtype` (default fp32 on CPU, bf16 on CUDA).
     drafter: 'none' | 'ngram' | 'selfdraft' | 'ddtree'; budget: tree nodes per request per step,
-    root included (1..1024). backend: an attention backend name (`kdtree.engine.backends`).
+    root included (1..1024). backend: an attention backend name (`kdtree.engine.decode.backends`).
     pool_slots: KV pool size (default: enough for every request's prompt, output and one tree).
     on_step(n): called after prefill and each step with the number of new tokens kept.
     prefill_chunk: prompt tokens per request per prefill forward (bounds prefill memory).
     cuda_graph: capture and replay verify steps, and the self-draft model's decode passes, in CUDA
-    graphs (`kdtree.engine.graph_capture`, `kdtree.engine.draft_graphs`):
+    graphs (`kdtree.engine.decode.graph_capture`, `kdtree.engine.decode.draft_graphs`):
     False (default) off; True on (a ValueError where it cannot apply: it needs the kernel backend
     on CUDA and a drafter); None on where it applies (the CLI's default). Speculative decoding emits exactly the tokens plain greedy decoding would.
     record_margins: keep each greedy token's top-1 minus top-2 logit and runner-up (``margins``,
@@ -203,9 +203,9 @@ def generate(prompts: Sequence[Sequence[int]], *, model: Optional[MLAModel] = No
     pool = KVPool(cfg.num_layers, pool_slots, dtype=model.dtype, device=model.device)
     graphs = draft_graphs = None
     if use_graphs:
-        from kdtree.engine.draft_graphs import DraftGraphs  # noqa: PLC0415
-        from kdtree.engine.drafters import SelfDraftDrafter  # noqa: PLC0415
-        from kdtree.engine.graph_capture import VerifyGraphs  # noqa: PLC0415
+        from kdtree.engine.decode.draft_graphs import DraftGraphs  # noqa: PLC0415
+        from kdtree.engine.decode.drafters import SelfDraftDrafter  # noqa: PLC0415
+        from kdtree.engine.decode.graph_capture import VerifyGraphs  # noqa: PLC0415
 
         graphs = VerifyGraphs(model, pool)
         if isinstance(spec, SelfDraftDrafter):

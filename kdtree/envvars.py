@@ -51,7 +51,7 @@ KDTREE_NVCC_FLAGS = EnvVar(
     "none", "kdtree.kernels.jit")
 KDTREE_CACHE_DIR = EnvVar(
     "KDTREE_CACHE_DIR", "the folder builds are cached in (`python -m kdtree.kernels.build --clear-cache` empties it)",
-    "`$XDG_CACHE_HOME/kdtree-engine/jit`, else `~/.cache/kdtree-engine/jit`", "kdtree.kernels.jit, kdtree.engine.native")
+    "`$XDG_CACHE_HOME/kdtree-engine/jit`, else `~/.cache/kdtree-engine/jit`", "kdtree.kernels.jit, kdtree.engine.kv.native")
 XDG_CACHE_HOME = EnvVar(
     "XDG_CACHE_HOME", "the cache root under which `kdtree-engine/jit` is made (an absolute path; a relative one is "
     "ignored)", "`~/.cache`", "kdtree.kernels.jit")
@@ -73,9 +73,9 @@ SGLANG_PLUGINS = EnvVar(
     "every installed plugin", "SGLang")
 KDTREE_NATIVE = EnvVar(
     "KDTREE_NATIVE", "`0`: the KV allocator's core runs in Python instead of its C++ build", "on",
-    "kdtree.engine.native")
+    "kdtree.engine.kv.native")
 CXX = EnvVar("CXX", "the C++ compiler of the allocator's core", "`c++`, `g++`, `clang++` on PATH",
-             "kdtree.engine.native")
+             "kdtree.engine.kv.native")
 ORCHESTRATE_RESCUE_DIR = EnvVar(
     "ORCHESTRATE_RESCUE_DIR", "where a run record goes when the results folder cannot be written (tried first)",
     "`$XDG_STATE_HOME/orchestrate/rescued`, `~/.local/state/orchestrate/rescued`", "kdtree.orchestrator")

@@ -56,7 +56,7 @@ def runs_from_slot_lists(slot_lists: Sequence[Sequence[int]], device="cpu") -> K
 
 def runs_from_run_lists(run_lists: Sequence[Sequence[tuple[int, int]]], device="cpu") -> KVRuns:
     """KVRuns of a batch given each request's (first slot, length) runs in token order, as the
-    engine's pool keeps them (`kdtree.engine.kv_pool.KVPool.runs`); adjacent runs that continue
+    engine's pool keeps them (`kdtree.engine.kv.kv_pool.KVPool.runs`); adjacent runs that continue
     each other are merged."""
     indptr, start, pos, total = [0], [], [], 0
     for runs in run_lists:

@@ -13,7 +13,7 @@ import torch
 
 from kdtree.engine import build_model, preset
 
-SPEED_PRESET = "dsv3-tp8"  # DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard (kdtree.engine.config)
+SPEED_PRESET = "dsv3-tp8"  # DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard (kdtree.engine.model.config)
 
 _models: dict[tuple, Any] = {}
 

@@ -78,7 +78,7 @@ def _save_plot(record: dict, path: str) -> None:
               help="kernel, triton, sm120 (default: all three) or an engine backend such as torch (eager)")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["graph", "eager"]), help="default: both")
 @click.option("--baseline", default="triton", show_default=True, help="the backend speedups are over")
-@click.option("--preset", default="dsv3-tp8", show_default=True, help="model preset (kdtree.engine.config)")
+@click.option("--preset", default="dsv3-tp8", show_default=True, help="model preset (kdtree.engine.model.config)")
 @click.option("--device", default="cuda", show_default=True)
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--no-breakdown", is_flag=True, help="skip the per-arm step breakdown")

@@ -34,7 +34,7 @@ import torch
 
 from kdtree.bench.variant_audit import ForcedVariantBackend, audit
 from kdtree.cli_support import MachineError, common_options
-from kdtree.engine.backends import AttentionBackend
+from kdtree.engine.decode.backends import AttentionBackend
 from kdtree.kernels import cli
 
 

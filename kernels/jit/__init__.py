@@ -38,7 +38,7 @@ __all__ = ["ARCH_VARIABLES", "ArchBuild", "ArchRequest", "BASE_FLAGS", "BINDING_
            "gencode", "load_extension", "load_for_capability", "normalize_arch", "nvcc_threads", "ptx_arch",
            "requested", "requested_archs", "smem_records", "source_hash", "unsupported_reason"]
 
-# the names engine/native.py builds its own extension with
+# the names engine/kv/native.py builds its own extension with
 from kdtree.kernels.jit import toolchain as _toolchain  # noqa: E402
 
 _pybind11_include = _toolchain.pybind11_include

@@ -60,7 +60,7 @@ SPEC = PhaseSpec(
     ],
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
     inputs=["bench/**/*.py", "kernels/**/*.py", "kernels/csrc/**", "phases/__init__.py", "phases/phase1/**/*.py",
-            "tools/**/*.py", "bench/microbench/**", "engine/**/*.py", "engine/csrc/**", "gates/**/*.py"],
+            "tools/**/*.py", "bench/microbench/**", "engine/**/*.py", "engine/kv/csrc/**", "gates/**/*.py"],
     gates=[
         BuildGateSpec(
             name="build", requires=["nvcc"], archs=["sm_90", "sm_120"],

@@ -19,7 +19,8 @@ import torch
 
 from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
 from kdtree.bench.verify_step import VerifySetup, step_breakdown, token_exact_prompts
-from kdtree.engine import backends, generate
+from kdtree.engine import generate
+from kdtree.engine.decode import backends
 from kdtree.gates import accuracy as accuracy_gate, token_exact as token_exact_gate
 from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict

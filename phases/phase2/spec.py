@@ -35,7 +35,7 @@ SPEC = PhaseSpec(
         "the dsv3-tp8 model preset: DeepSeek-V3 / Kimi-K2 attention as one TP-8 shard",
     ],
     versions=["torch", "triton", "nvcc", "sglang"],  # recorded with every run, besides python and the orchestrator
-    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/kv/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/__init__.py", "phases/models.py", "phases/phase2/**/*.py", "gates/**/*.py"],
     gates=[
         TokenExactGateSpec(

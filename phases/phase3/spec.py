@@ -40,13 +40,13 @@ SPEC = PhaseSpec(
     deliverables=[
         "kdtree.kernels.plan_bucket: one launch plan per bucket, split count weighed over the "
         "bucket's lengths, held and launched as it is (launch(plan=)) in graph mode",
-        "kdtree.engine.graph_capture: static buffers sized by tokens and tree words, capture per bucket with one "
+        "kdtree.engine.decode.graph_capture: static buffers sized by tokens and tree words, capture per bucket with one "
         "shared memory pool, eager fallback; `python -m kdtree.engine generate --cuda-graph/--no-cuda-graph`",
         "kdtree.integrations.sglang: init_cuda_graph_state / init_forward_metadata_out_graph / _in_graph / "
         "get_cuda_graph_seq_len_fill_value for target verify",
     ],
     versions=["torch", "triton", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/kv/csrc/**", "kernels/**/*.py", "kernels/csrc/**", "integrations/**/*.py",
             "phases/__init__.py", "phases/models.py", "phases/phase3/**/*.py", "gates/**/*.py"],
     gates=[
         GraphSafetyGateSpec(

@@ -1,8 +1,8 @@
 """Phase 4: defragmenting the page_size=1 KV token pool, proven lossless and measured for what it buys.
 
-Tier 0 (`kdtree.engine.allocator.SortedRunAllocator`) keeps free slots as sorted runs, serves an
+Tier 0 (`kdtree.engine.kv.allocator.SortedRunAllocator`) keeps free slots as sorted runs, serves an
 allocation from the lowest run that fits and grows a request's last run in place. Tier 1
-(`kdtree.engine.relocation.Relocator`) moves live KV between steps under a per-step copy budget,
+(`kdtree.engine.kv.relocation.Relocator`) moves live KV between steps under a per-step copy budget,
 rewriting every holder of slot ids (req_to_token, a draft model's pool, a prefix cache's nodes)
 with the copy, and never touching a slot a running or captured step can read (pins). Scattered
 slots cost attention next to nothing (phase 1's `scatter` gate, docs/design.md section 3b), so the
@@ -52,17 +52,17 @@ SPEC = PhaseSpec(
                "changing a KV byte, without changing a token and without slowing the kernel or the step; "
                "what contiguity buys is measured, including where it buys nothing."),
     deliverables=[
-        "kdtree.engine.allocator.SortedRunAllocator (Tier 0; its core native, engine/csrc/slot_runs.cpp, "
+        "kdtree.engine.kv.allocator.SortedRunAllocator (Tier 0; its core native, engine/kv/csrc/slot_runs.cpp, "
         "where a C++ compiler is found, else the same in Python) and kdtree.bench.sglang_allocator_model "
         "(SGLang 0.5.23's page_size=1 allocator, the baseline)",
-        "kdtree.engine.relocation: victims by runs removed per byte, a per-step byte budget, pins; "
+        "kdtree.engine.kv.relocation: victims by runs removed per byte, a per-step byte budget, pins; "
         "KVPool.move_tokens rewrites req_to_token, the draft pool and a prefix cache's nodes with the copy",
         "kdtree.bench.churn and kdtree.bench.spec_churn: churn workloads (synthetic at 1M slots; "
         "speculative decoding with requests arriving and finishing)",
         "kdtree.bench.defrag_measure: offload/hand-off copies, run-length metadata, the free tail",
     ],
     versions=["torch", "nvcc"],  # recorded with every run, besides python and the orchestrator
-    inputs=["bench/**/*.py", "engine/**/*.py", "engine/csrc/**", "kernels/**/*.py", "phases/__init__.py",
+    inputs=["bench/**/*.py", "engine/**/*.py", "engine/kv/csrc/**", "kernels/**/*.py", "phases/__init__.py",
             "phases/models.py", "phases/phase4/**/*.py", "gates/**/*.py"],
     gates=[
         _gate("integrity", ["torch"],

@@ -14,11 +14,11 @@ import torch
 
 from kdtree.bench.decode_triton import MAX_KV_SPLITS, SGLangTritonBackend, sglang_verify_layout
 from kdtree.engine import TokenTree
-from kdtree.engine.backends import get_backend
-from kdtree.engine.graph_capture import Bucket, bucket_metadata, stage_values, verify_body
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import decode_metadata, extend_metadata, verify_metadata
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.graph_capture import Bucket, bucket_metadata, stage_values, verify_body
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import decode_metadata, extend_metadata, verify_metadata
+from kdtree.engine.decode.speculative import Request, Runner
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from kdtree.engine.allocator import FreeListAllocator, SortedRunAllocator
-from kdtree.engine.backends import get_backend
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
-from kdtree.engine.tree import TreeBuilder
+from kdtree.engine.kv.allocator import FreeListAllocator, SortedRunAllocator
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.decode.tree import TreeBuilder
 
 
 def _chain_trees(requests, size, rng, vocab):

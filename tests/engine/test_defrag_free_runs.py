@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kdtree.engine.allocator import PoolExhaustedError, SortedRunAllocator
-from kdtree.engine.free_runs import FreeRuns, runs_of_sorted
-from kdtree.engine.native import slot_runs, unavailable_reason
+from kdtree.engine.kv.allocator import PoolExhaustedError, SortedRunAllocator
+from kdtree.engine.kv.free_runs import FreeRuns, runs_of_sorted
+from kdtree.engine.kv.native import slot_runs, unavailable_reason
 
 
 def _brute_first_fit(free: set[int], n: int):
@@ -74,7 +74,7 @@ TestFreeRuns.settings = settings(max_examples=60, stateful_step_count=40, deadli
 class SortedAllocatorMachine(RuleBasedStateMachine):
     """Allocations never overlap, frees restore exactly, and a fully freed pool is one run again."""
 
-    native = False  # which core (kdtree.engine.allocator.make_slot_runs); the subclass below: native
+    native = False  # which core (kdtree.engine.kv.allocator.make_slot_runs); the subclass below: native
 
     @initialize(size=st.integers(1, 200))
     def make(self, size):

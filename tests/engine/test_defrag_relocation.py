@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from kdtree.bench.churn import ChurnConfig, ChurnRun, check_integrity, replay_on_sglang_model
 from kdtree.bench.sglang_allocator_model import SGLangTokenAllocatorModel, UnsortedFreeListAllocator
-from kdtree.engine.allocator import SortedRunAllocator
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.prefix_cache import PrefixCacheModel
-from kdtree.engine.relocation import PinTable, Relocator
-from kdtree.engine.run_metadata import SlotSequences, expand_runs, runs_of
+from kdtree.engine.kv.allocator import SortedRunAllocator
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.kv.prefix_cache import PrefixCacheModel
+from kdtree.engine.kv.relocation import PinTable, Relocator
+from kdtree.engine.kv.run_metadata import SlotSequences, expand_runs, runs_of
 
 
 def _pool(slots=64, draft_layers=1):

@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kdtree.engine.allocator import FreeListAllocator, PoolExhaustedError
-from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.kv.allocator import FreeListAllocator, PoolExhaustedError
+from kdtree.engine.kv.kv_pool import KVPool
 
 
 def test_alloc_hands_out_distinct_int32_slots_in_range():

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from kdtree.engine.backends import OpBackend, get_backend, known_backends
-from kdtree.engine.metadata import decode_metadata, extend_metadata, verify_metadata
+from kdtree.engine.decode.backends import OpBackend, get_backend, known_backends
+from kdtree.engine.decode.metadata import decode_metadata, extend_metadata, verify_metadata
 
 SCALE = 1 / 192 ** 0.5
 
@@ -87,7 +87,7 @@ def test_reference_prefill_longer_than_one_tree_runs_in_chunks():
 
 
 def test_torch_backend_chunks_large_batches_identically(monkeypatch):
-    import kdtree.engine.backends as backends
+    import kdtree.engine.decode.backends as backends
 
     q, kv, meta = make_case("verify", 3)
     whole = backends.dense_attention(q, kv, meta, SCALE)

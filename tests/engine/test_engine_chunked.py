@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from kdtree.engine import build_model, generate, preset
-from kdtree.engine.backends import dense_attention, get_backend
-from kdtree.engine.chunked import chain_chunks, chain_mask
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import extend_metadata
-from kdtree.engine.slot_mirror import SlotMirror
+from kdtree.engine.decode.backends import dense_attention, get_backend
+from kdtree.engine.decode.chunked import chain_chunks, chain_mask
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import extend_metadata
+from kdtree.engine.kv.slot_mirror import SlotMirror
 from kdtree.kernels.masks import tree_mask_from_parents
 
 SCALE = 1 / 192 ** 0.5
@@ -73,7 +73,7 @@ def test_slot_mirror_uploads_only_new_slots_and_catches_rewrites():
 @pytest.mark.slow
 def test_long_prompts_need_no_dense_score_matrix(monkeypatch):
     """A 3000-token prompt on the torch backend: no chunk holds more scores than the dense budget."""
-    import kdtree.engine.backends as backends
+    import kdtree.engine.decode.backends as backends
 
     seen = []
     real = backends._dense_chunk

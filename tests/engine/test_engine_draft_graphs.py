@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from kdtree.engine import TokenTree
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import DDTreeDrafter, SelfDraftDrafter
-from kdtree.engine.graph_capture import Bucket, stage_values, verify_body
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.drafters import DDTreeDrafter, SelfDraftDrafter
+from kdtree.engine.decode.graph_capture import Bucket, stage_values, verify_body
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 
 from test_engine_graph import PaddedReference
 
@@ -78,8 +78,8 @@ def test_decode_bucket_body_gives_the_eager_passs_logits(tiny_model):
 
 
 def test_what_cannot_be_a_decode_graph_is_refused(tiny_model):
-    from kdtree.engine.draft_graphs import DraftGraphs
-    from kdtree.engine.graph_capture import VerifyGraphs
+    from kdtree.engine.decode.draft_graphs import DraftGraphs
+    from kdtree.engine.decode.graph_capture import VerifyGraphs
 
     pool = KVPool(tiny_model.config.num_layers, 64, dtype=tiny_model.dtype)
     bucket = Bucket(1, 4, 32)

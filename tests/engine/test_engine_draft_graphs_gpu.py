@@ -9,11 +9,11 @@ import torch
 
 from kdtree.engine import build_model, generate, preset
 from kdtree.engine.api import decode_loop
-from kdtree.engine.backends import get_backend
-from kdtree.engine.drafters import get_drafter
-from kdtree.engine.draft_graphs import DraftGraphs
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.decode.backends import get_backend
+from kdtree.engine.decode.drafters import get_drafter
+from kdtree.engine.decode.draft_graphs import DraftGraphs
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 
 pytestmark = pytest.mark.gpu
 

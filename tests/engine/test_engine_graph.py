@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from kdtree.engine import TokenTree
-from kdtree.engine.backends import AttentionBackend, get_backend
-from kdtree.engine.graph_capture import (
+from kdtree.engine.decode.backends import AttentionBackend, get_backend
+from kdtree.engine.decode.graph_capture import (
     MIN_CONTEXT, Bucket, choose_bucket, context_bucket, doubling_rounds, graph_buffer_bytes,
     sglang_verify_mask_bytes, stage_values, tree_mask_from_parent_rows, verify_body,
 )
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 from kdtree.kernels import pack_tree_masks
 from kdtree.kernels.reference import tree_verify_mla_reference
 

@@ -9,7 +9,7 @@ import torch
 
 from kdtree.bench.verify_step import EngineVerify, StepInputs
 from kdtree.engine import build_model, generate, preset
-from kdtree.engine.graph_capture import Bucket, VerifyGraphs
+from kdtree.engine.decode.graph_capture import Bucket, VerifyGraphs
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def test_graph_logits_match_the_eager_step(model):
 
 
 def test_a_replay_equals_the_body_run_eagerly_bitwise(model):
-    from kdtree.engine.graph_capture import BucketKernelBackend
+    from kdtree.engine.decode.graph_capture import BucketKernelBackend
 
     bucket = Bucket(4, 16, 2048)
     setup = StepInputs(model, bucket, seed=3)

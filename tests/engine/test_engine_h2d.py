@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from kdtree.engine.h2d import to_device
+from kdtree.engine.decode.h2d import to_device
 
 
 def test_lists_arrays_and_tensors_arrive_with_their_values_and_dtype():

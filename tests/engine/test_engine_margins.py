@@ -1,4 +1,4 @@
-"""The margin design (kdtree.engine.weights): greedy top-1 logits stand far above bf16 rounding, the
+"""The margin design (kdtree.engine.model.weights): greedy top-1 logits stand far above bf16 rounding, the
 context decides tokens, and bf16 greedy decoding matches fp32 on CPU."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kdtree.engine import build_model, generate, get_backend
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import extend_metadata
-from kdtree.engine.speculative import Runner
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import extend_metadata
+from kdtree.engine.decode.speculative import Runner
 from engine_prompts import random_prompts
 
 

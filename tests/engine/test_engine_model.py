@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kdtree.engine import ModelConfig, build_model, get_backend, preset
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import decode_metadata, extend_metadata
-from kdtree.engine.speculative import Runner
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import decode_metadata, extend_metadata
+from kdtree.engine.decode.speculative import Runner
 
 transformers = pytest.importorskip("transformers", reason="transformers (a test extra) is not installed")
 
@@ -32,7 +32,7 @@ def engine_logits(model, ids: list[int], split: int) -> torch.Tensor:
                          ids=["tiny", "q_lora"])
 @pytest.mark.slow
 def test_logits_match_transformers_deepseek_v3(cfg):
-    from kdtree.engine.hf_convert import to_hf_model
+    from kdtree.engine.model.hf_convert import to_hf_model
 
     model = build_model(cfg, seed=5)
     hf = to_hf_model(model)

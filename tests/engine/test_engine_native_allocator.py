@@ -1,4 +1,4 @@
-"""The native allocator core (engine/csrc/slot_runs.cpp) against the Python core: the same random
+"""The native allocator core (engine/kv/csrc/slot_runs.cpp) against the Python core: the same random
 operations give the same slots, runs and errors; where it cannot be built the Python core serves."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdtree.engine import native
-from kdtree.engine.allocator import PoolExhaustedError, PySlotRuns, SortedRunAllocator, make_slot_runs
+from kdtree.engine.kv import native
+from kdtree.engine.kv.allocator import PoolExhaustedError, PySlotRuns, SortedRunAllocator, make_slot_runs
 
 needs_native = pytest.mark.skipif(native.slot_runs() is None,
                                   reason=f"the native allocator core does not build here: {native.unavailable_reason()}")
@@ -110,7 +110,7 @@ def test_a_failed_build_says_why_and_the_python_core_serves(monkeypatch, tmp_pat
     monkeypatch.setenv("KDTREE_CACHE_DIR", str(tmp_path / "cache"))
     native.slot_runs.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger="kdtree.engine.native"):
+        with caplog.at_level("WARNING", logger="kdtree.engine.kv.native"):
             assert native.slot_runs() is None
         assert "no C++ compiler" in native.unavailable_reason()
         assert any("using the Python core" in r.getMessage() for r in caplog.records)
@@ -124,7 +124,7 @@ def test_a_copied_or_pickled_allocator_has_the_same_state_and_is_its_own(use_nat
     import copy
     import pickle
 
-    from kdtree.engine.kv_pool import KVPool
+    from kdtree.engine.kv.kv_pool import KVPool
 
     a = SortedRunAllocator(300, native=use_native)
     held = a.alloc_list(40)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kdtree.engine.drafters as drafters
+import kdtree.engine.decode.drafters as drafters
 from kdtree.engine import TokenTree, build_model, generate, get_backend
-from kdtree.engine.allocator import PoolExhaustedError
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.speculative import Request, Runner
+from kdtree.engine.kv.allocator import PoolExhaustedError
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.speculative import Request, Runner
 from engine_prompts import random_prompts, repetitive_prompts
 
 PROMPTS = random_prompts(18, seed=3)  # lengths 3..39, half of them repetitive

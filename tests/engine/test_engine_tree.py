@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kdtree.engine import TokenTree
-from kdtree.engine.drafters import NgramDrafter
-from kdtree.engine.tree import TreeBuilder, best_first_tree
+from kdtree.engine.decode.drafters import NgramDrafter
+from kdtree.engine.decode.tree import TreeBuilder, best_first_tree
 from kdtree.kernels import pack_tree_masks
 
 

@@ -257,7 +257,7 @@ def _scale_576_op(q, kv, qo, kvp, idx, mask, scale, *, out=None, lse=None):
 def _op_backend(name, op, verify_without_op=False):
     """Register an OpBackend whose op is `op` (what the gate counts); optionally one whose verify
     never calls it (dense torch attention instead)."""
-    from kdtree.engine import backends
+    from kdtree.engine.decode import backends
 
     class Backend(backends.OpBackend):
         requires_cuda = False  # its op is the fp64 oracle, which runs anywhere

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from kdtree.engine.metadata import verify_metadata
+from kdtree.engine.decode.metadata import verify_metadata
 from kdtree.phases import phase1
 from kdtree.bench.token_probe import (
     DitheredAttention, ScaledAttention, margins_against, probe_model, random_tree, screened_step,
@@ -55,7 +55,7 @@ def test_dithered_attention_moves_each_output_by_at_most_its_ulps(dtype):
 
 
 def test_softmax_dither_moves_each_row_coherently_by_about_a_bf16_ulp():
-    from kdtree.engine.backends import dense_attention
+    from kdtree.engine.decode.backends import dense_attention
 
     rng = random.Random(3)
     L, T, H = 300, 24, 4
@@ -144,7 +144,7 @@ def test_on_the_gpu_the_kernel_keeps_every_screened_token():
 @pytest.mark.gpu
 @pytest.mark.parametrize("factor", [1.03, 0.97], ids=["+3%", "-3%"])
 def test_on_the_gpu_a_kernel_with_its_scale_three_percent_off_fails(factor):
-    from kdtree.engine import backends
+    from kdtree.engine.decode import backends
     from kdtree.gates.base import Outcome
     from kdtree.kernels import tree_verify_mla
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree.engine.backends import TorchBackend, dense_attention, register_backend
+from kdtree.engine.decode.backends import TorchBackend, dense_attention, register_backend
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.spec import Threshold
 from kdtree.integrations.sglang.fixtures import sglang_layout_reference
@@ -175,7 +175,7 @@ def test_verify_speedup_fails_a_broken_sm120_path():
 
 
 def test_the_sm120_backend_runs_the_forced_path():
-    from kdtree.engine.backends import get_backend
+    from kdtree.engine.decode.backends import get_backend
 
     backend = get_backend(phase2_checks.sm120_backend())
     assert backend._where == ("kdtree.bench.forced", "sm120_path")

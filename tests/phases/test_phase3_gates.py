@@ -188,7 +188,7 @@ def test_gpu_capture_clean_fails_on_a_launch_that_allocates():
 
 @pytest.mark.gpu
 def test_gpu_capture_clean_fails_on_graph_steps_that_allocate():
-    from kdtree.engine.graph_capture import VerifyGraphs
+    from kdtree.engine.decode.graph_capture import VerifyGraphs
 
     class Cloning(VerifyGraphs):
         def verify_logits(self, *args):
@@ -216,7 +216,7 @@ def test_gpu_replay_speedup_measures_every_figure():
 def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze():
     import torch
 
-    from kdtree.engine.graph_capture import Bucket
+    from kdtree.engine.decode.graph_capture import Bucket
     from kdtree.kernels.reference import tree_verify_mla_reference
 
     bucket = Bucket(3, 16, 256)
@@ -240,7 +240,7 @@ def test_launch_inputs_keep_their_shapes_and_vary_what_a_graph_must_not_freeze()
 @pytest.mark.slow
 def test_step_draws_keep_their_shapes_and_use_disjoint_slots():
     from kdtree.engine import build_model, preset
-    from kdtree.engine.graph_capture import STAGE_FIELDS, Bucket
+    from kdtree.engine.decode.graph_capture import STAGE_FIELDS, Bucket
 
     setup = StepInputs(build_model(preset("tiny"), seed=0), Bucket(2, 8, 512))
     draws = [setup.draw(seed, "cpu") for seed in range(8)]

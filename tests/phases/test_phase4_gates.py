@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdtree.engine.relocation import Relocator
+from kdtree.engine.kv.relocation import Relocator
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.orchestrator.plan import resolve_check
 from kdtree.phases import phase4

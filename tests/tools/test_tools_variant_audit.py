@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kdtree.engine import build_model, preset
-from kdtree.engine.backends import TorchBackend, dense_attention
+from kdtree.engine.decode.backends import TorchBackend, dense_attention
 from kdtree.bench.variant_audit import audit, path_tree, position_drifts
 
 

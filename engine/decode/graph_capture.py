@@ -24,7 +24,7 @@ bucket's smallest size are served too, with that plan).
 A step outside every bucket (too many requests, a bigger tree, a prefix past the model's
 positions) returns None from `VerifyGraphs.verify_logits`: the runner runs it eagerly.
 
-The same machinery serves the draft model's decode passes (`kdtree.engine.draft_graphs`): a
+The same machinery serves the draft model's decode passes (`kdtree.engine.decode.draft_graphs`): a
 decode pass is a step of one-node trees over the first ``num_layers`` layers, in ``decode`` mode.
 The attention a graph holds comes from ``backend_factory(bucket)``: the kernel with the bucket's
 launch plan by default; any backend whose ops are capturable (the SGLang Triton kernels with
@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from kdtree.engine.backends import AttentionBackend
-from kdtree.engine.metadata import AttentionMetadata
+from kdtree.engine.decode.backends import AttentionBackend
+from kdtree.engine.decode.metadata import AttentionMetadata
 from kdtree.kernels.contract import LATENT_DIM, MAX_TREE_NODES
 
 if TYPE_CHECKING:
     from kdtree.kernels.launch_plan import LaunchPlan
-    from kdtree.engine.kv_pool import KVPool
-    from kdtree.engine.model import MLAModel
-    from kdtree.engine.speculative import Request, Runner
-    from kdtree.engine.tree import TokenTree
+    from kdtree.engine.kv.kv_pool import KVPool
+    from kdtree.engine.model.model import MLAModel
+    from kdtree.engine.decode.speculative import Request, Runner
+    from kdtree.engine.decode.tree import TokenTree
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 TREE_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -245,7 +245,7 @@ class VerifyGraphs:
 
     ``backend_factory(bucket)`` gives the attention backend a bucket's graph captures (default:
     the kernel with the bucket's launch plan, `backend_for`); ``num_layers`` and ``mode`` are
-    `verify_body`'s (the draft model's decode passes: `kdtree.engine.draft_graphs`).
+    `verify_body`'s (the draft model's decode passes: `kdtree.engine.decode.draft_graphs`).
     """
 
     def __init__(self, model: "MLAModel", pool: "KVPool", batch_buckets: Sequence[int] = BATCH_BUCKETS,

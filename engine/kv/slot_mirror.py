@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from kdtree.engine.h2d import to_device
-from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.decode.h2d import to_device
+from kdtree.engine.kv.kv_pool import KVPool
 
 
 class SlotMirror:

@@ -5,10 +5,10 @@ is given and attends through an `AttentionBackend` with the batch's `AttentionMe
 Logits are always computed in fp32 (final norm output upcast, lm_head upcast), so bf16 runs never
 produce ties from rounding the logits themselves.
 
-Weights come from a seed (`kdtree.engine.weights.init_weights`), scaled so that the greedy top-1
+Weights come from a seed (`kdtree.engine.model.weights.init_weights`), scaled so that the greedy top-1
 logit stands well clear of the top-2: a token-identity backbone in the residual stream plus a
 context term of controlled gain. Module names match transformers' DeepseekV3 so a state dict maps
-one to one (`kdtree.engine.hf_convert`).
+one to one (`kdtree.engine.model.hf_convert`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from kdtree.engine.config import ModelConfig
-from kdtree.engine.mla import MLAttention
-from kdtree.engine.mlp import SwiGLU
-from kdtree.engine.norm import RMSNorm
-from kdtree.engine.rope import RotaryEmbedding
+from kdtree.engine.model.config import ModelConfig
+from kdtree.engine.model.mla import MLAttention
+from kdtree.engine.model.mlp import SwiGLU
+from kdtree.engine.model.norm import RMSNorm
+from kdtree.engine.model.rope import RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):

@@ -22,9 +22,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from kdtree.engine.h2d import to_device
-from kdtree.engine.speculative import Request, Runner
-from kdtree.engine.tree import TokenTree, TreeBuilder, best_first_tree
+from kdtree.engine.decode.h2d import to_device
+from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.decode.tree import TokenTree, TreeBuilder, best_first_tree
 
 
 class Drafter(ABC):

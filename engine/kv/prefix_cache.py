@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional, Sequence
 
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.run_metadata import SlotSequences
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.kv.run_metadata import SlotSequences
 
 
 class PrefixCacheModel:

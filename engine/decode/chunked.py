@@ -15,7 +15,7 @@ from typing import Iterator, NamedTuple
 
 import torch
 
-from kdtree.engine.metadata import AttentionMetadata, _indptr
+from kdtree.engine.decode.metadata import AttentionMetadata, _indptr
 from kdtree.kernels.contract import MAX_TREE_NODES
 
 _chain_masks: dict[torch.device, torch.Tensor] = {}

@@ -8,7 +8,7 @@ forward's new tokens, in the order of the query rows.
 - verify: the new tokens are a token tree; ``tree_mask`` is the packed ancestor-or-self mask.
 
 A request's prefix may be given as a host list or as an int32 device tensor (the engine passes
-`kdtree.engine.slot_mirror.SlotMirror` views, so long prefixes stay on the device).
+`kdtree.engine.kv.slot_mirror.SlotMirror` views, so long prefixes stay on the device).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Literal, Optional, Sequence
 
 import torch
 
-from kdtree.engine.h2d import to_device
+from kdtree.engine.decode.h2d import to_device
 from kdtree.kernels.masks import pack_tree_masks
 
 Mode = Literal["extend", "decode", "verify"]
@@ -52,7 +52,7 @@ def _indptr(lengths: Sequence[int], device) -> torch.Tensor:
 
 def _flatten(prefix_slots, new_slots, device) -> torch.Tensor:
     """kv_indices: each request's prefix slots, then its new slots. A prefix given as a device
-    tensor (`kdtree.engine.slot_mirror.SlotMirror`) is concatenated on the device, so a long
+    tensor (`kdtree.engine.kv.slot_mirror.SlotMirror`) is concatenated on the device, so a long
     prefix never goes through a host list again."""
     if not any(isinstance(p, torch.Tensor) for p in prefix_slots):
         flat = [s for p, n in zip(prefix_slots, new_slots) for s in (*p, *n)]

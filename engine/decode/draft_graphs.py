@@ -2,7 +2,7 @@
 
 A self-draft pass runs the model's first layers for one new token per request over its prefix
 and the draft tokens before it. As a graph it is the verify graph of one-node trees
-(`kdtree.engine.graph_capture.VerifyGraphs` with ``tree_buckets=(1,)``, ``mode="decode"``, the
+(`kdtree.engine.decode.graph_capture.VerifyGraphs` with ``tree_buckets=(1,)``, ``mode="decode"``, the
 draft model's ``num_layers``): the host writes the staging vector and each request's slots, then
 replays. The attention inside is the backend's decode path with static buffers: the kernel with
 the bucket's launch plan by default, or what ``backend_factory`` gives.
@@ -14,9 +14,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from kdtree.engine.backends import AttentionBackend
-from kdtree.engine.graph_capture import BATCH_BUCKETS, Bucket, VerifyGraphs
-from kdtree.engine.tree import TokenTree
+from kdtree.engine.decode.backends import AttentionBackend
+from kdtree.engine.decode.graph_capture import BATCH_BUCKETS, Bucket, VerifyGraphs
+from kdtree.engine.decode.tree import TokenTree
 
 
 class DraftGraphs:

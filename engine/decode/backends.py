@@ -4,7 +4,7 @@ Every backend answers ``forward(q, kv_cache, meta, sm_scale)`` by the metadata's
 ``forward_extend`` (prefill, causal), ``forward_decode`` (one token: plain decoding and the
 drafter's passes over the prefix) and ``forward_verify`` (a token tree). q is [Nq, H, 576],
 kv_cache one layer's pool [S, 576]; out is [Nq, H, 512] in q's dtype. Prefill always runs as
-chain trees (`kdtree.engine.chunked`), so its memory is bounded for any prompt length.
+chain trees (`kdtree.engine.decode.chunked`), so its memory is bounded for any prompt length.
 
 - ``reference``: the oracle `kdtree.kernels.reference.tree_verify_mla_reference` for every mode.
 - ``torch``: a vectorised dense torch path (fp32 math), the engine's default on the CPU.
@@ -28,8 +28,8 @@ from typing import Callable
 
 import torch
 
-from kdtree.engine.chunked import extend_in_chunks
-from kdtree.engine.metadata import AttentionMetadata
+from kdtree.engine.decode.chunked import extend_in_chunks
+from kdtree.engine.decode.metadata import AttentionMetadata
 from kdtree.kernels.contract import LATENT_DIM, MAX_TREE_NODES
 from kdtree.kernels.masks import unpack_bool_rows
 

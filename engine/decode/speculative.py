@@ -15,13 +15,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from kdtree.engine.backends import AttentionBackend
-from kdtree.engine.h2d import to_device
-from kdtree.engine.kv_pool import KVPool
-from kdtree.engine.metadata import AttentionMetadata, decode_metadata, extend_metadata, verify_metadata
-from kdtree.engine.model import MLAModel
-from kdtree.engine.slot_mirror import SlotMirror
-from kdtree.engine.tree import TokenTree
+from kdtree.engine.decode.backends import AttentionBackend
+from kdtree.engine.decode.h2d import to_device
+from kdtree.engine.kv.kv_pool import KVPool
+from kdtree.engine.decode.metadata import AttentionMetadata, decode_metadata, extend_metadata, verify_metadata
+from kdtree.engine.model.model import MLAModel
+from kdtree.engine.kv.slot_mirror import SlotMirror
+from kdtree.engine.decode.tree import TokenTree
 
 
 @dataclass
@@ -52,8 +52,8 @@ class Runner:
     attention is itself cut into chain trees by the backend), so prefill memory is bounded by
     the chunk, not the prompt. Request prefixes reach the metadata as device tensors
     (`SlotMirror`): a step uploads only the slots that are new since the last one.
-    With `graphs` (`kdtree.engine.graph_capture.VerifyGraphs`), verify steps that fit a bucket
-    replay its CUDA graph; with `draft_graphs` (`kdtree.engine.draft_graphs.DraftGraphs`), so do
+    With `graphs` (`kdtree.engine.decode.graph_capture.VerifyGraphs`), verify steps that fit a bucket
+    replay its CUDA graph; with `draft_graphs` (`kdtree.engine.decode.draft_graphs.DraftGraphs`), so do
     the draft model's decode passes (`draft_logits`); the others run eagerly.
     """
 

@@ -16,8 +16,8 @@ from typing import Callable, Hashable, Optional
 
 import torch
 
-from kdtree.engine.allocator import FreeListAllocator, SlotAllocator
-from kdtree.engine.run_metadata import SlotSequences
+from kdtree.engine.kv.allocator import FreeListAllocator, SlotAllocator
+from kdtree.engine.kv.run_metadata import SlotSequences
 from kdtree.kernels.contract import QK_DIM
 
 

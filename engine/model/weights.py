@@ -31,7 +31,7 @@ token's code), ``C`` (a copied code) and ``R`` (everything random reads and writ
 - All other heads and the MLPs are random (fan-in scaled) and write only into R with gain
   ``context_gain``; the lm_head reads R with weight ``context_readout``, so every weight moves
   the logits a little (a wrong attention shows up in logits) without deciding near-ties.
-- Logits are computed in fp32 (`kdtree.engine.model`), so bf16 never rounds logits into ties.
+- Logits are computed in fp32 (`kdtree.engine.model.model`), so bf16 never rounds logits into ties.
 
 What is left near a tie: code cross-talk (random codes have cosines of std 1/sqrt(code_dim),
 which the ``C - A`` readout multiplies by ``copy_vote``) and uneven splits between earlier
@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from kdtree.engine.config import ModelConfig
+from kdtree.engine.model.config import ModelConfig
 
 PREV_TOKEN_PAIRS = 8  # rope frequency pairs the previous-token head uses (the 8 fastest)
 PREV_TOKEN_PEAK = 150.0  # its softmax score at distance 1 (others: <= ~87 % of it)
@@ -223,9 +223,9 @@ def _induction_head(attn, cfg: ModelConfig, lay: Layout, scale: float) -> None:
 
 def _residual_scale_at(model, layer_index: int, gen: torch.Generator, tokens: int = 96) -> float:
     """Mean 1/RMS of the residual stream entering `layer_index`, over a random prompt (fp32, CPU)."""
-    from kdtree.engine.backends import TorchBackend  # noqa: PLC0415 - avoid an import cycle
-    from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-    from kdtree.engine.metadata import extend_metadata  # noqa: PLC0415
+    from kdtree.engine.decode.backends import TorchBackend  # noqa: PLC0415 - avoid an import cycle
+    from kdtree.engine.kv.kv_pool import KVPool  # noqa: PLC0415
+    from kdtree.engine.decode.metadata import extend_metadata  # noqa: PLC0415
 
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
@@ -334,9 +334,9 @@ def add_scale_probe(model: torch.nn.Module, seed: int) -> None:
 def _probe_stats(model, cfg: ModelConfig, pl: ProbeLayout, v: torch.Tensor, gen: torch.Generator,
                  tokens: int = 96) -> tuple[float, float]:
     """(mean E_p[z] the probe head writes, mean 1/RMS entering the final norm) over a random prompt."""
-    from kdtree.engine.backends import TorchBackend  # noqa: PLC0415 - avoid an import cycle
-    from kdtree.engine.kv_pool import KVPool  # noqa: PLC0415
-    from kdtree.engine.metadata import extend_metadata  # noqa: PLC0415
+    from kdtree.engine.decode.backends import TorchBackend  # noqa: PLC0415 - avoid an import cycle
+    from kdtree.engine.kv.kv_pool import KVPool  # noqa: PLC0415
+    from kdtree.engine.decode.metadata import extend_metadata  # noqa: PLC0415
 
     ids = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)
     seen = {}

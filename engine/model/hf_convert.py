@@ -7,8 +7,8 @@ RoPE (``rope_type = default``) in the half-split layout (``rope_interleave = Fal
 
 from __future__ import annotations
 
-from kdtree.engine.config import ModelConfig
-from kdtree.engine.model import MLAModel
+from kdtree.engine.model.config import ModelConfig
+from kdtree.engine.model.model import MLAModel
 
 
 def hf_config(cfg: ModelConfig):

@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from kdtree.engine.free_runs import FreeRuns, runs_of_sorted
+from kdtree.engine.kv.free_runs import FreeRuns, runs_of_sorted
 
 
 class PoolExhaustedError(RuntimeError):
@@ -140,7 +140,7 @@ class FreeListAllocator(SlotAllocator):
 class PySlotRuns:
     """Tier 0's allocator core in Python: free runs (`FreeRuns`) and the allocated map.
 
-    The reference for the native core (`kdtree.engine.native`, engine/csrc/slot_runs.cpp), which
+    The reference for the native core (`kdtree.engine.kv.native`, engine/kv/csrc/slot_runs.cpp), which
     has the same methods and gives the same answers; tests hold the two to that. Callers check
     counts first (`SortedRunAllocator`); errors are ValueError and change nothing.
     """
@@ -263,11 +263,11 @@ class PySlotRuns:
 
 
 def make_slot_runs(num_slots: int, native: Optional[bool] = None, allocated_map: Optional[bytes] = None):
-    """Tier 0's core: the native one (`kdtree.engine.native`) when `native` is True, or None and it
+    """Tier 0's core: the native one (`kdtree.engine.kv.native`) when `native` is True, or None and it
     builds here; else `PySlotRuns`. native=True where it cannot be built raises RuntimeError.
     `allocated_map` (one byte per slot, nonzero = allocated) rebuilds a core in that state."""
     if native is not False:
-        from kdtree.engine import native as native_build  # noqa: PLC0415
+        from kdtree.engine.kv import native as native_build  # noqa: PLC0415
 
         module = native_build.slot_runs()
         if module is not None:
@@ -287,7 +287,7 @@ class SortedRunAllocator(SlotAllocator):
     request's growth before any fall-back. Frees merge with their neighbours, so a freed
     request's run comes back whole.
 
-    The work is done by a core (`make_slot_runs`): the native one (engine/csrc/slot_runs.cpp, a
+    The work is done by a core (`make_slot_runs`): the native one (engine/kv/csrc/slot_runs.cpp, a
     whole step's growth or frees in one call) where it builds, else `PySlotRuns`; ``native``
     forces one or the other. Both give the same answers.
     """

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Optional
 
-from kdtree.engine.kv_pool import KVPool
+from kdtree.engine.kv.kv_pool import KVPool
 
 
 class PinTable:

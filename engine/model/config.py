@@ -14,7 +14,7 @@ class ModelConfig(BaseModel):
     """A DeepSeek-V3-style MLA transformer. kv_lora_rank and qk_rope_head_dim are fixed by the op contract.
 
     The fields from code_dim on shape the seeded weights so greedy decisions have wide logit
-    margins (see `kdtree.engine.weights`); they change values, never the architecture.
+    margins (see `kdtree.engine.model.weights`); they change values, never the architecture.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -32,7 +32,7 @@ class ModelConfig(BaseModel):
     rms_norm_eps: float = Field(1e-6, gt=0)
     rope_theta: float = Field(10000.0, gt=1)
     max_position_embeddings: int = Field(4096, ge=2)
-    # margin design (kdtree.engine.weights): values only, never the architecture
+    # margin design (kdtree.engine.model.weights): values only, never the architecture
     code_dim: int = Field(128, ge=8)
     logit_scale: float = Field(16.0, gt=0)
     copy_vote: float = Field(1.83, gt=1)

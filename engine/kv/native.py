@@ -1,8 +1,8 @@
 """The engine's native pieces, built on first use with the host C++ compiler and cached.
 
-`slot_runs()` returns the `_slot_runs` module (engine/csrc/slot_runs.cpp: Tier 0's allocator
+`slot_runs()` returns the `_slot_runs` module (engine/kv/csrc/slot_runs.cpp: Tier 0's allocator
 core) or None where it cannot be built (no C++ compiler, no Python headers), saying why once in
-the ``kdtree.engine.native`` log: `SortedRunAllocator` then runs its Python core, which gives the same answers, slower.
+the ``kdtree.engine.kv.native`` log: `SortedRunAllocator` then runs its Python core, which gives the same answers, slower.
 Builds go to `kdtree.kernels.jit.cache_root()/native/<key>/` (the key hashes the source, the
 compiler and the Python ABI) through `kdtree.kernels.jit.cached_build`: written into a temporary folder and renamed into place under a
 file lock, so concurrent processes never load half a library. ``KDTREE_NATIVE=0`` turns the

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from kdtree.engine.config import ModelConfig
-from kdtree.engine.norm import RMSNorm
-from kdtree.engine.rope import RopeTables
+from kdtree.engine.model.config import ModelConfig
+from kdtree.engine.model.norm import RMSNorm
+from kdtree.engine.model.rope import RopeTables
 
 if TYPE_CHECKING:
-    from kdtree.engine.backends import AttentionBackend
-    from kdtree.engine.metadata import AttentionMetadata
+    from kdtree.engine.decode.backends import AttentionBackend
+    from kdtree.engine.decode.metadata import AttentionMetadata
 
 
 class MLAttention(nn.Module):

@@ -1,0 +1,1 @@
+"""The MLA model: its configuration, layers, seeded weights and the transformers bridge."""
