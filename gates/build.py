@@ -179,6 +179,32 @@ def scan_sass(text: str, forbidden: Sequence[str]) -> list[str]:
     return hits
 
 
+_DESC = re.compile(r"(?<![A-Za-z])desc\[UR(\d+)\]")
+_UNIFORM_DEST = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?\S+\s+UR(\d+)\b")
+
+
+def undefined_descriptors(text: str) -> list[str]:
+    """One line ``"ARCH FUNCTION /*ADDR*/ INSTRUCTION"`` per instruction that reads a memory
+    descriptor ``desc[URn]`` whose register pair (URn, URn+1) no instruction of its function writes.
+
+    Such code reads an undefined descriptor and traps on the device ("an illegal instruction was
+    encountered"); ptxas has emitted it for cache-hinted ``cp.async`` copies. A write is an
+    instruction whose destination is ``URn`` (with ``URn+1`` too for a 64-bit one: ``.64``, ``WIDE``).
+    """
+    written: dict[tuple[str, str], set[int]] = {}
+    reads: list[tuple[str, str, str, str, int]] = []
+    for arch, function, addr, opcode, instr in sass_instructions(text):
+        regs = written.setdefault((arch, function), set())
+        if (m := _UNIFORM_DEST.match(instr)):
+            n = int(m.group(1))
+            regs.add(n)
+            if ".64" in opcode or "WIDE" in opcode:
+                regs.add(n + 1)
+        reads += [(arch, function, addr, instr, int(n)) for n in _DESC.findall(instr)]
+    return [f"{arch} {function} /*{addr}*/ {instr}" for arch, function, addr, instr, n in reads
+            if not {n, n + 1} <= written.get((arch, function), set())]
+
+
 def find_cuobjdump() -> Optional[str]:
     """cuobjdump from the CUDA toolkit (`kdtree.cuda_toolkit`) or the copy triton ships; None if none."""
     return cuda_toolkit.find_cuobjdump()
@@ -244,8 +270,10 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     ``forbidden_counts`` (per arch), ``commands``, ``compile_errors``, ``sass_missing``,
     ``dynamic_smem_sources`` (per arch, where given); with ``required_sass``, ``ARCH
     required_sass_missing`` per arch (unknown, so failing, without SASS) and
-    ``required_sass_counts`` in the details. Rows of functions ``only_kernels`` leaves out carry
-    ``checked: False``.
+    ``required_sass_counts`` in the details. Where an arch's SASS was dumped, ``ARCH
+    undefined_descriptors`` (<= 0: instructions reading a ``desc[URn]`` their kernel never writes,
+    `undefined_descriptors`; the first 100 in the details). Rows of functions ``only_kernels``
+    leaves out carry ``checked: False``.
     """
     figures: list[Figure] = []
     rows: list[dict] = []
@@ -259,6 +287,7 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     sass_missing: list[str] = []
     smem_sources: dict[str, str] = {}
     required_counts: dict[str, dict[str, int]] = {}
+    undefined_desc: list[str] = []
     for i, arch in enumerate(spec.archs):
         ctx.progress(f"build {arch}", i / len(spec.archs))
         out = compile_arch(arch)
@@ -336,6 +365,13 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
                 messages.append(f"{arch}: no SASS to look for {spec.required_sass} in (is cuobjdump available?)")
             elif absent:
                 messages.append(f"{arch}: required SASS {absent} not found in {sorted(checked_names)}")
+        if next(sass_instructions(out.sass), None) is not None:
+            undefined = undefined_descriptors(out.sass)
+            undefined_desc += undefined[:100 - len(undefined_desc)]
+            figures.append(Figure(name=f"{arch} undefined_descriptors", value=len(undefined), op="<=", threshold=0))
+            if undefined:
+                messages.append(f"{arch}: {len(undefined)} instructions read a memory descriptor no instruction "
+                                f"of their kernel writes (traps on the device), first: {undefined[0]}")
         if spec.forbidden_sass:
             if not out.sass.strip() or next(sass_instructions(out.sass), None) is None:
                 sass_missing.append(arch)
@@ -358,7 +394,8 @@ def check_build(spec: BuildGateSpec, compile_arch: Callable[[str], BuildOutput],
     result = verdict(spec.name, spec.kind, figures, summary, kernels=rows, forbidden_hits=hits[:100],
                      forbidden_counts=hit_counts,
                      commands=commands, compile_errors=errors, sass_missing=sass_missing,
-                     dynamic_smem_sources=smem_sources, required_sass_counts=required_counts)
+                     dynamic_smem_sources=smem_sources, required_sass_counts=required_counts,
+                     undefined_descriptors=undefined_desc)
     if messages and result.outcome is Outcome.PASSED:
         result.outcome = Outcome.FAILED
     return result

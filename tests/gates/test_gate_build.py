@@ -9,7 +9,7 @@ import pytest
 
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.build import (
-    BuildOutput, check_build, find_cuobjdump, nvcc_compiler, parse_ptxas, scan_sass,
+    BuildOutput, check_build, find_cuobjdump, nvcc_compiler, parse_ptxas, scan_sass, undefined_descriptors,
 )
 from kdtree.gates.spec import BuildGateSpec
 from ptxas_logs import ptxas_log
@@ -240,3 +240,35 @@ def test_a_compile_error_fails_with_the_log_tail(builds):
     assert r.outcome is Outcome.FAILED
     assert "compile failed" in r.summary and "undeclared_name" in r.summary
     assert fig(r, "archs_built").value == 0
+
+
+# The shape ptxas 13.0 gave cache-hinted cp.async copies (the descriptor's uniform registers never
+# written, so the copy traps on the device), beside the same copies reading the kernel's own descriptor.
+SASS_DESC_BROKEN = """
+	code for sm_90a
+		Function : hinted_copy_kernel
+        /*0000*/                   ULDC.64 UR34, c[0x0][0x208] ;                   /* 0x0000820000227ab9 */
+        /*0010*/                   UMOV UR16, UR19 ;                               /* 0x0000001300107c82 */
+        /*0020*/                   LDGSTS.E.BYPASS.LTC256B.128 [R13+UR0], desc[UR1][R10.64], P3 ;  /* 0x000000000a0d7dae */
+        /*0030*/                   LDG.E R4, desc[UR34][R2.64] ;                   /* 0x0000002202047981 */
+        /*0040*/                   EXIT ;                                          /* 0x000000000000794d */
+"""
+SASS_DESC_GOOD = SASS_DESC_BROKEN.replace("desc[UR1]", "desc[UR34]")
+
+
+def test_undefined_descriptors_names_the_copy_that_reads_one():
+    assert undefined_descriptors(SASS_DESC_BROKEN) == [
+        "sm_90a hinted_copy_kernel /*0020*/ LDGSTS.E.BYPASS.LTC256B.128 [R13+UR0], desc[UR1][R10.64], P3"]
+    assert undefined_descriptors(SASS_DESC_GOOD) == []
+
+
+def test_a_kernel_reading_an_undefined_descriptor_fails_the_build_gate():
+    spec = SPEC.model_copy(update={"archs": ["sm_90a"], "forbidden_sass": []})
+    log = ptxas_log("sm_90a", ("hinted_copy_kernel", 168, 0, 0))
+    bad = check_build(spec, fake_compiler({"sm_90a": BuildOutput(log, sass=SASS_DESC_BROKEN)}), GateContext())
+    assert bad.outcome is Outcome.FAILED
+    assert fig(bad, "sm_90a undefined_descriptors").value == 1
+    assert "memory descriptor" in bad.summary and "desc[UR1]" in bad.summary
+    good = check_build(spec, fake_compiler({"sm_90a": BuildOutput(log, sass=SASS_DESC_GOOD)}), GateContext())
+    assert good.outcome is Outcome.PASSED, good.summary
+    assert fig(good, "sm_90a undefined_descriptors").value == 0
