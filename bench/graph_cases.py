@@ -43,7 +43,7 @@ from kdtree.engine.decode.speculative import Request, Runner
 from kdtree.gates.base import GateContext
 from kdtree.gates.tensors import compare
 from kdtree.integrations.sglang.converter import VerifyConverter
-from kdtree.integrations.sglang.fixtures import make_verify_batch
+from kdtree.bench.sglang_batches import make_verify_batch
 from kdtree.kernels import pack_tree_masks, plan_bucket
 from kdtree.kernels.contract import Problem
 from kdtree.kernels.cuda_op import cached_plan, device_state, launch

@@ -1,5 +1,5 @@
 """SGLang's Triton target-verify call and ours, on SGLang-format fixtures
-(`kdtree.integrations.sglang.fixtures.make_verify_batch`): the pair phase 2's parity gate and the
+(`kdtree.bench.sglang_batches.make_verify_batch`): the pair phase 2's parity gate and the
 SGLang GPU tests compare."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ candidate backend wrapped by `CountedBackend` under a name of its own), `generat
 verify step on trees the gate builds, `kdtree.bench.decoy_trees.decoy_tree`).
 
 `screened_step` is the run that makes small softmax-scale errors visible in tokens: on a model
-with a scale probe (`probe_model`, `kdtree.engine.model.weights.add_scale_probe`) it keeps the verify
+with a scale probe (`probe_model`, `kdtree.bench.scale_probe.add_scale_probe`) it keeps the verify
 nodes whose reference decision stands clear of rounding noise (`DitheredAttention`) and counts
 those that the reference itself, with its scale off by a few percent (`ScaledAttention`),
 decides otherwise. Only the reference is perturbed; the candidate is run once per round, on
@@ -36,7 +36,8 @@ from kdtree.engine.decode.metadata import verify_metadata
 from kdtree.engine.model.model import MLAModel
 from kdtree.engine.decode.speculative import Request, Runner
 from kdtree.engine.decode.tree import TokenTree
-from kdtree.engine.model.weights import add_scale_probe, init_weights
+from kdtree.bench.scale_probe import add_scale_probe
+from kdtree.engine.model.weights import init_weights
 from kdtree.bench.decoy_trees import decoy_tree
 
 _names = itertools.count()
@@ -270,7 +271,7 @@ def margins_against(logits, winners):
 
 def probe_model(device, probe_seed: int):
     """The gate's model for screened decisions: the engine's tiny circuit model (seed 0) with a
-    softmax-scale probe drawn from `probe_seed` (`kdtree.engine.model.weights.add_scale_probe`), in the
+    softmax-scale probe drawn from `probe_seed` (`kdtree.bench.scale_probe.add_scale_probe`), in the
     device's dtype (bf16 on CUDA)."""
 
     model = MLAModel(preset("tiny"))

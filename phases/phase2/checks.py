@@ -30,7 +30,7 @@ from kdtree.bench.timing import QueuedTimer, make_timer
 from kdtree.gates.speedup import judge_speedup
 from kdtree.gates.token_exact import Stream
 from kdtree.integrations.sglang.converter import VerifyConverter
-from kdtree.integrations.sglang.fixtures import make_verify_batch
+from kdtree.bench.sglang_batches import make_verify_batch
 from kdtree.kernels import tree_verify_mla
 from kdtree.phases.models import SPEED_PRESET, release_device_memory, shared_model
 from kdtree.bench.token_probe import decoy_step

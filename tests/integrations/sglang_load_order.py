@@ -54,7 +54,7 @@ def main() -> None:
     configure_logger(args.log_level, " TP0")
 
     import fake_sglang  # noqa: PLC0415
-    from kdtree.integrations.sglang.fixtures import make_verify_batch  # noqa: PLC0415
+    from kdtree.bench.sglang_batches import make_verify_batch  # noqa: PLC0415
     from kdtree.kernels.reference import tree_verify_mla_reference  # noqa: PLC0415
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: PLC0415
 

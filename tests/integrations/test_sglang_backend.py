@@ -1,6 +1,6 @@
 """The SGLang backend on the CPU, against stand-ins of SGLang's classes (`fake_sglang`).
 
-Fixtures are target-verify batches in SGLang's layout (`kdtree.integrations.sglang.fixtures`);
+Fixtures are target-verify batches in SGLang's layout (`kdtree.bench.sglang_batches`);
 the expected output is computed straight off that layout in fp64 (`sglang_layout_reference`),
 independently of the converter. The kernel is swapped for the oracle (same signature) on CPU.
 """
@@ -16,7 +16,7 @@ import torch
 import fake_sglang
 from kdtree.integrations.sglang import plugin
 from kdtree.integrations.sglang.backend import make_backend_class
-from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
+from kdtree.bench.sglang_batches import make_verify_batch, sglang_layout_reference
 from kdtree.kernels.reference import tree_verify_mla_reference
 
 

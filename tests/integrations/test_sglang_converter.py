@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kdtree.integrations.sglang.converter import OpMetadata, VerifyConverter, convert_reference
-from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
+from kdtree.bench.sglang_batches import make_verify_batch, sglang_layout_reference
 from kdtree.kernels.reference import tree_verify_mla_reference
 
 KEYS = ("qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "custom_mask", "mask_indptr")

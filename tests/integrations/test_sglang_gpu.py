@@ -13,7 +13,7 @@ import torch
 from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_triton_verify
 from kdtree.integrations.sglang import plugin
 from kdtree.integrations.sglang.converter import VerifyConverter
-from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
+from kdtree.bench.sglang_batches import make_verify_batch, sglang_layout_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ import torch
 
 import fake_sglang
 from kdtree.integrations.sglang.backend import make_backend_class
-from kdtree.integrations.sglang.fixtures import make_verify_batch, sglang_layout_reference
+from kdtree.bench.sglang_batches import make_verify_batch, sglang_layout_reference
 
 pytestmark = pytest.mark.gpu
 

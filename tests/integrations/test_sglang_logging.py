@@ -20,7 +20,7 @@ import pytest
 import fake_sglang
 from kdtree.integrations.sglang import plugin
 from kdtree.integrations.sglang.backend import CPU_PLAN_DEVICE, make_backend_class
-from kdtree.integrations.sglang.fixtures import make_verify_batch
+from kdtree.bench.sglang_batches import make_verify_batch
 from kdtree.kernels import launch_plan
 from test_sglang_backend import _fake_registry
 

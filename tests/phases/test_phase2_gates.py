@@ -12,7 +12,7 @@ import torch
 from kdtree.engine.decode.backends import TorchBackend, dense_attention, register_backend
 from kdtree.gates.base import GateContext, Outcome, run_check
 from kdtree.gates.spec import Threshold
-from kdtree.integrations.sglang.fixtures import sglang_layout_reference
+from kdtree.bench.sglang_batches import sglang_layout_reference
 from kdtree.kernels.reference import tree_verify_mla_reference
 from kdtree.phases import phase2
 from kdtree.phases.phase2 import checks as phase2_checks

@@ -1,7 +1,7 @@
 """Target-verify batches in SGLang 0.5.23's layout, with random trees, and an oracle that reads that layout.
 
 Used by the tests (CPU: against fakes of SGLang's classes; GPU: against SGLang's own Triton
-kernel) and by phase 2's ``sglang_parity`` gate. The layout is the one `converter` documents:
+kernel) and by phase 2's ``sglang_parity`` gate. The layout is the one `kdtree.integrations.sglang.converter` documents:
 an MLA pool ``[S + 1, 1, 576]`` whose slot 0 is SGLang's dummy slot, int32 prefix ``kv_indptr``
 with int64 ``kv_indices``, int64 ``out_cache_loc`` for the draft tokens, a flat bool/uint8
 ``custom_mask`` with one T_b x (L_b + T_b) row-major block per request (prefix columns True),
