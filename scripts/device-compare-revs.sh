@@ -24,14 +24,6 @@ CONFIGS=${CONFIGS:-"64,64,1,32768;64,16,8,32768;16,512,1,32768;128,16,1,32768;16
 source "$ROOT/scripts/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
 
-safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
-checkout_rev() {  # checkout_rev REV DIR: a worktree of REV, or of HEAD with REV applied where REV is a .patch file
-  case "$1" in
-    *.patch) [ -f "$ROOT/$1" ] || { echo "no file $1"; return 1; }
-             git -C "$ROOT" worktree add -f --detach "$2" HEAD && git -C "$2" apply "$ROOT/$1" ;;
-    *) git -C "$ROOT" worktree add -f --detach "$2" "$1" ;;
-  esac
-}
 declare -a DIRS NAMES FLAGS RACE
 rm -rf /tmp/rev-*; git -C "$ROOT" worktree prune  # nothing of an earlier call on this machine
 for spec in "$@"; do

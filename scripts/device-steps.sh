@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared by the GPU-call scripts that build and measure kernel builds (device-hopper-sweep.sh,
-# device-compare-revs.sh); source it after setting BUDGET (seconds for the whole call), START
+# device-compare-revs.sh, device-timeline.sh); source it after setting BUDGET (seconds for the whole call), START
 # (`date +%s` at the call's start) and LOGS (a folder for the steps' logs).
 #   left                         seconds of the budget left
 #   step NAME CAP CMD...         CMD under min(CAP, left - 10 s), its output in $LOGS/NAME.log; a line
@@ -12,6 +12,9 @@
 #   build_sm90a NAME DIR         the JIT's sm_90a extension of DIR under the current KDTREE_NVCC_FLAGS
 #                                (log in $LOGS/build-NAME.log); run several with & and wait
 #   IN_REV                       `bash -c "$IN_REV" in_rev DIR CMD...` runs CMD in DIR that way
+#   safe TEXT                    TEXT as a file-safe name
+#   checkout_rev REV DIR         a worktree of REV at DIR, or of HEAD with REV applied where REV is a
+#                                .patch file of $ROOT (only main's history reaches the GPU machine)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {
   local name=$1 cap=$2; shift 2
@@ -21,6 +24,14 @@ step() {
   local rc=$?
   echo "== $name rc=$rc ($(( $(date +%s) - START ))s into the call)"
   return $rc
+}
+safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
+checkout_rev() {  # checkout_rev REV DIR: a worktree of REV, or of HEAD with REV applied where REV is a .patch file
+  case "$1" in
+    *.patch) [ -f "$ROOT/$1" ] || { echo "no file $1"; return 1; }
+             git -C "$ROOT" worktree add -f --detach "$2" HEAD && git -C "$2" apply "$ROOT/$1" ;;
+    *) git -C "$ROOT" worktree add -f --detach "$2" "$1" ;;
+  esac
 }
 IN_REV='cd "$1" && source scripts/device-env.sh >/dev/null && shift && exec "$@"'
 build_sm90a() {

@@ -4,7 +4,7 @@
 # main's history reaches the GPU machine), its sm_90a extension built with -DKD_TIMELINE=1 (plus the
 # revision's own flags after a colon), and `python -m kdtree.tools.timeline run` launches each config
 # once per variant, writing the stamps of the launch's first CTAs (one per SM and more) to
-#   $OUT/timeline/NAME/VARIANT/timeline-H-T-B-L.npz, its picture (.png, where matplotlib is
+#   timeline/NAME/VARIANT/timeline-H-T-B-L.npz (packed into $OUT/timeline.tgz), its picture (.png, where matplotlib is
 #   installed; else render it on the development machine: python -m kdtree.tools.timeline render)
 #   and summary.jsonl (the figures of each SM's first CTA)
 # and the build and run logs to $OUT/timeline-logs.tgz. A revision needs the timeline build
@@ -27,14 +27,6 @@ TILES=${TIMELINE_TILES:-2:8}
 source "$ROOT/scripts/device-steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$LOGS/gpu.txt"
 
-safe() { echo "$1" | tr -c 'A-Za-z0-9._\n-' '_'; }
-checkout_rev() {  # checkout_rev REV DIR: a worktree of REV, or of HEAD with REV applied where REV is a .patch file
-  case "$1" in
-    *.patch) [ -f "$ROOT/$1" ] || { echo "no file $1"; return 1; }
-             git -C "$ROOT" worktree add -f --detach "$2" HEAD && git -C "$2" apply "$ROOT/$1" ;;
-    *) git -C "$ROOT" worktree add -f --detach "$2" "$1" ;;
-  esac
-}
 declare -a DIRS NAMES FLAGS
 rm -rf /tmp/tlrev-*; git -C "$ROOT" worktree prune
 for spec in "$@"; do
@@ -65,4 +57,6 @@ for i in "${!DIRS[@]}"; do
 done
 unset KDTREE_NVCC_FLAGS
 tar czf "$OUT/timeline-logs.tgz" -C "$LOGS" .
+# files deeper than two folders under $OUT do not come back from the GPU machine: one archive instead
+[ -d "$OUT/timeline" ] && tar czf "$OUT/timeline.tgz" -C "$OUT" timeline && rm -rf "$OUT/timeline"
 echo "done in $(( $(date +%s) - START ))s"
