@@ -1,4 +1,5 @@
-"""Shared pytest fixtures and the GPU skip marker."""
+"""Shared pytest fixtures (the tiny engine model, a pool holding a verify batch, FlashMLA's stand-in)
+and the GPU skip marker."""
 
 from __future__ import annotations
 
@@ -78,3 +79,45 @@ def fake_flash_mla(monkeypatch):
         return module
 
     return install
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """The engine's tiny preset, seed 0 (CPU, fp32)."""
+    from kdtree.engine import build_model, preset
+
+    return build_model(preset("tiny"), seed=0)
+
+
+@pytest.fixture
+def pool_batch(tiny_model):
+    """``make(lens, sizes, rng)``: a KV pool of random rows (seed 1) holding request ``b`` with a
+    prefix of ``lens[b]`` slots, a pending token and a random token tree of ``sizes[b]`` nodes
+    (`kdtree.bench.sglang_batches.random_parents`); returns ``(pool, requests, trees, tree_slots,
+    scratch)``, the tree slots allocated after every prefix and one spare slot last."""
+    import torch
+
+    from kdtree.bench.sglang_batches import random_parents
+    from kdtree.engine import TokenTree
+    from kdtree.engine.decode.speculative import Request
+    from kdtree.engine.kv.kv_pool import KVPool
+
+    def make(lens, sizes, rng):
+        cfg = tiny_model.config
+        pool = KVPool(cfg.num_layers, 256, dtype=tiny_model.dtype)
+        gen = torch.Generator().manual_seed(1)
+        for layer in pool.kv:
+            layer.normal_(generator=gen)
+        requests, trees = [], []
+        for b, (n, size) in enumerate(zip(lens, sizes)):
+            pool.add_request(b)
+            pool.append(b, pool.alloc(n).tolist())
+            r = Request(b, [1], 100, output=[rng.randrange(cfg.vocab_size)])
+            requests.append(r)
+            trees.append(TokenTree([r.pending] + rng.sample(range(cfg.vocab_size), size - 1),
+                                   random_parents(rng, size)))
+        tree_slots = [pool.alloc(len(t)).tolist() for t in trees]
+        scratch = int(pool.alloc(1)[0])
+        return pool, requests, trees, tree_slots, scratch
+
+    return make

@@ -18,13 +18,6 @@ from kdtree.bench.decode_report import decode_figure, decode_table, save_plot
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from kdtree.engine import build_model, preset
-
-    return build_model(preset("tiny"), seed=0)
-
-
 def cpu_config(**update):
     base = dict(contexts=(24, 40), batches=(2,), budget=4, drafter="ddtree", new_tokens=3, rounds=2,
                 backends=("torch", "reference"), modes=("eager",), baseline="reference", preset="tiny",

@@ -12,24 +12,13 @@ import random
 import pytest
 import torch
 
+from kdtree.bench.sglang_batches import random_parents
 from kdtree.bench.decode_triton import MAX_KV_SPLITS, SGLangTritonBackend, sglang_verify_layout
 from kdtree.engine import TokenTree
 from kdtree.engine.decode.backends import get_backend
 from kdtree.engine.decode.graph_capture import Bucket, bucket_metadata, stage_values, verify_body
-from kdtree.engine.kv.kv_pool import KVPool
 from kdtree.engine.decode.metadata import decode_metadata, extend_metadata, verify_metadata
-from kdtree.engine.decode.speculative import Request, Runner
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    from kdtree.engine import build_model, preset
-
-    return build_model(preset("tiny"), seed=0)
-
-
-def parents_of(rng, n):
-    return [-1] + [rng.randrange(t) for t in range(1, n)]
+from kdtree.engine.decode.speculative import Runner
 
 
 def ancestors(parents, t):
@@ -59,7 +48,7 @@ def batch(seed, lens, sizes, slots=4096):
     for length, size in zip(lens, sizes):
         prefixes.append(order[at: at + length])
         tree_slots.append(order[at + length: at + length + size])
-        parents.append(parents_of(rng, size))
+        parents.append(random_parents(rng, size))
         at += length + size
     return prefixes, tree_slots, parents
 
@@ -173,23 +162,10 @@ def test_the_backend_through_sglang_signatures_matches_the_oracle(mode):
 
 
 @pytest.mark.parametrize("mode", ["verify", "decode"])
-def test_the_graph_body_on_the_backend_gives_the_eager_logits(tiny_model, mode):
-    rng = random.Random(11)
+def test_the_graph_body_on_the_backend_gives_the_eager_logits(tiny_model, pool_batch, mode):
     cfg = tiny_model.config
-    pool = KVPool(cfg.num_layers, 256, dtype=tiny_model.dtype)
-    gen = torch.Generator().manual_seed(1)
-    for layer in pool.kv:
-        layer.normal_(generator=gen)
     lens, sizes = ([7, 30], [5, 3]) if mode == "verify" else ([7, 30], [1, 1])
-    requests, trees = [], []
-    for b, (n, size) in enumerate(zip(lens, sizes)):
-        pool.add_request(b)
-        pool.append(b, pool.alloc(n).tolist())
-        r = Request(b, [1], 100, output=[rng.randrange(cfg.vocab_size)])
-        requests.append(r)
-        trees.append(TokenTree([r.pending] + rng.sample(range(cfg.vocab_size), size - 1), parents_of(rng, size)))
-    tree_slots = [pool.alloc(len(t)).tolist() for t in trees]
-    scratch = int(pool.alloc(1)[0])
+    pool, requests, trees, tree_slots, scratch = pool_batch(lens, sizes, random.Random(11))
     runner = Runner(tiny_model, pool, get_backend("reference"))
     layers = 2 if mode == "decode" else None
     if mode == "verify":

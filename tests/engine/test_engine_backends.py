@@ -11,12 +11,9 @@ import torch
 
 from kdtree.engine.decode.backends import OpBackend, get_backend, known_backends
 from kdtree.engine.decode.metadata import decode_metadata, extend_metadata, verify_metadata
+from kdtree.bench.sglang_batches import random_parents
 
 SCALE = 1 / 192 ** 0.5
-
-
-def random_parents(rng: random.Random, t: int) -> list[int]:
-    return [-1] + [rng.randrange(i) for i in range(1, t)]
 
 
 def scattered_slots(rng: random.Random, total: int, pool: int) -> list[list[int]]:

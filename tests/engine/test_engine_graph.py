@@ -15,18 +15,10 @@ from kdtree.engine.decode.graph_capture import (
     MIN_CONTEXT, Bucket, choose_bucket, context_bucket, doubling_rounds, graph_buffer_bytes,
     sglang_verify_mask_bytes, stage_values, tree_mask_from_parent_rows, verify_body,
 )
-from kdtree.engine.kv.kv_pool import KVPool
-from kdtree.engine.decode.speculative import Request, Runner
+from kdtree.engine.decode.speculative import Runner
+from kdtree.bench.sglang_batches import random_parents
 from kdtree.kernels import pack_tree_masks
 from kdtree.kernels.reference import tree_verify_mla_reference
-
-
-def random_parents(rng: random.Random, n: int, shape: str = "random") -> list[int]:
-    if shape == "chain":
-        return [-1] + list(range(n - 1))
-    if shape == "star":
-        return [-1] + [0] * (n - 1)
-    return [-1] + [rng.randrange(t) for t in range(1, n)]
 
 
 @pytest.mark.parametrize("sizes,shape", [([1], "random"), ([5, 1, 7], "random"), ([33, 64], "chain"),
@@ -108,22 +100,9 @@ class PaddedReference(AttentionBackend):
 
 @pytest.mark.parametrize("lens,sizes,bucket", [([7, 30], [5, 3], Bucket(2, 8, 32)),
                                                ([0, 12, 3], [1, 8, 4], Bucket(4, 8, 16))])
-def test_the_body_gives_the_eager_steps_logits(tiny_model, lens, sizes, bucket):
-    rng = random.Random(sum(lens))
+def test_the_body_gives_the_eager_steps_logits(tiny_model, pool_batch, lens, sizes, bucket):
     cfg = tiny_model.config
-    pool = KVPool(cfg.num_layers, 256, dtype=tiny_model.dtype)
-    gen = torch.Generator().manual_seed(1)
-    for layer in pool.kv:
-        layer.normal_(generator=gen)
-    requests, trees = [], []
-    for b, (n, size) in enumerate(zip(lens, sizes)):
-        pool.add_request(b)
-        pool.append(b, pool.alloc(n).tolist())
-        r = Request(b, [1], 100, output=[rng.randrange(cfg.vocab_size)])
-        requests.append(r)
-        trees.append(TokenTree([r.pending] + rng.sample(range(cfg.vocab_size), size - 1), random_parents(rng, size)))
-    tree_slots = [pool.alloc(len(t)).tolist() for t in trees]
-    scratch = int(pool.alloc(1)[0])
+    pool, requests, trees, tree_slots, scratch = pool_batch(lens, sizes, random.Random(sum(lens)))
     eager = Runner(tiny_model, pool, get_backend("reference")).verify_logits(requests, trees, tree_slots)
 
     values, starts = stage_values(bucket, lens, trees, tree_slots, scratch)
