@@ -33,6 +33,7 @@ import torch
 
 from kdtree.bench.decode_backends import BACKENDS, MODES, Arm, make_runner
 from kdtree.bench.decode_stats import speedup, summarize
+from kdtree.bench.timing import make_timer
 from kdtree.engine.api import decode_loop
 from kdtree.engine.decode.drafters import SelfDraftDrafter, get_drafter
 from kdtree.engine.kv.kv_pool import KVPool
@@ -172,12 +173,6 @@ class DecodeSession:
                 "output": [list(r.output) for r in self.requests]}
 
 
-def _gpu_timer(device: torch.device):
-    from kdtree.bench.timing import QueuedTimer, make_timer  # noqa: PLC0415
-
-    return QueuedTimer(lead_s=BREAKDOWN_LEAD_S) if device.type == "cuda" else make_timer(str(device), cold_l2=False, lead_s=0.0)
-
-
 def _median_ms(timer, fn, repeats: int) -> float:
     fn()  # first call: lazy loads, captures
     return statistics.median(timer(fn) for _ in range(repeats)) * 1e3
@@ -199,7 +194,7 @@ def step_breakdown(session: DecodeSession, arm: Arm, step_ms: float, repeats: in
     runner: Runner = session.runners[arm.name]
     model, pool, cfg = session.model, session.pool, session.config
     dev = model.device
-    timer = _gpu_timer(dev)
+    timer = make_timer(dev, cold_l2=False, lead_s=BREAKDOWN_LEAD_S)
     requests = session.requests
     trees = session.spec.propose(requests, cfg.budget, runner)
     session.sync()

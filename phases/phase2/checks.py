@@ -269,8 +269,7 @@ def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET
     configs = [make(c) for c in contexts]
     for cfg in configs:  # one config per measurement: its pool is freed before the next
         ctx.progress(f"verify step {cfg.name}", None)
-        timer = (QueuedTimer(lead_s=STEP_LEAD_S) if str(device).startswith("cuda")
-                 else make_timer(device, cold_l2=False, lead_s=0.0))
+        timer = make_timer(device, cold_l2=False, lead_s=STEP_LEAD_S)
         measured = measure_speedup([cfg], lambda s: s.step(cand_name), lambda s: s.step(base_name), ctx,
                                    **speed_protocol(spec), timer=timer, others=others)
         res = judge_speedup(spec, measured, ctx)
