@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from kdtree.fsutil import atomic_write_bytes
 
 _BREAKDOWN = (("attention_gpu_ms", "attention"), ("rest_gpu_ms", "rest of model"), ("drafting_gpu_ms", "drafting"),
               ("conversion_gpu_ms", "conversion"), ("host_exposed_ms", "host not hidden"))
@@ -112,26 +112,11 @@ def decode_figure(record: dict[str, Any]):
     return fig
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in its folder (created if missing) and a rename:
-    a reader never sees half a file."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_plot(record: dict[str, Any], path: str | Path) -> list[str]:
     """Write the plot as a PNG to `path` (atomically); returns the labels of the series drawn."""
     fig = decode_figure(record)
     labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    write_atomic(path, buf.getvalue())
+    atomic_write_bytes(Path(path), buf.getvalue())
     return labels

@@ -16,15 +16,17 @@ costs: the softmax between S and P, the tensor pipe's idle gaps, and the waits f
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+
+from kdtree.fsutil import atomic_write_bytes
 
 __all__ = ["EVENTS", "HEADER_FIELDS", "LANE_NAMES", "STATE_OF", "Span", "Timeline", "TimelineError", "collect",
            "lane_spans", "load", "merge", "mma_spans", "one_cta_per_sm", "save", "summarize", "tile_mma_clocks"]
@@ -276,38 +278,24 @@ def summarize(tl: Timeline, cta: int, *, skip_tiles: int = 2) -> dict[str, Any]:
 
 # ---------------- dumps ----------------
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save(tl: Timeline, path: str | Path) -> Path:
     """Write `tl` atomically as ``.npz`` (all stamps) or ``.json`` (the recorded stamps as
     [cta, lane, tile row, event, clock] rows); the suffix picks the format."""
     path = Path(path)
     if path.suffix == ".npz":
-        def write(f):
-            np.savez_compressed(f, header=tl.header, stamps=tl.stamps, tile0=np.int64(tl.tile0),
-                                meta=np.array(json.dumps(tl.meta, sort_keys=True)))
+        buf = io.BytesIO()
+        np.savez_compressed(buf, header=tl.header, stamps=tl.stamps, tile0=np.int64(tl.tile0),
+                            meta=np.array(json.dumps(tl.meta, sort_keys=True)))
+        data = buf.getvalue()
     elif path.suffix == ".json":
         nz = np.nonzero(tl.stamps)
         doc = {"format": "kdtree-timeline-v1", "shape": list(tl.stamps.shape), "tile0": tl.tile0, "meta": tl.meta,
                "header": tl.header.tolist(),
                "stamps": [[int(c), int(lane), int(t), int(e), int(tl.stamps[c, lane, t, e])] for c, lane, t, e in zip(*nz)]}
         data = json.dumps(doc, sort_keys=True).encode()
-
-        def write(f):
-            f.write(data)
     else:
         raise TimelineError(f"{path}: a timeline dump is .npz or .json")
-    _atomic_write(path, write)
+    atomic_write_bytes(path, data)
     return path
 
 

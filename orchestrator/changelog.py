@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import split_lines
 from kdtree.orchestrator.specs import RunRecord
 from kdtree.orchestrator.textfile import read_text

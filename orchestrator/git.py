@@ -119,7 +119,7 @@ class IndexSnapshot:
         self.data = self.path.read_bytes() if self.path.exists() else None
 
     def restore(self) -> None:
-        from kdtree.orchestrator.fsutil import atomic_write_bytes  # noqa: PLC0415
+        from kdtree.fsutil import atomic_write_bytes  # noqa: PLC0415
 
         if self.data is None:
             try:

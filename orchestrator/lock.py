@@ -173,7 +173,7 @@ class RunLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": " ".join(["orchestrate", *sys.argv[1:]])[:200]}
-        from kdtree.orchestrator.fsutil import atomic_write_text  # noqa: PLC0415
+        from kdtree.fsutil import atomic_write_text  # noqa: PLC0415
 
         atomic_write_text(self.holder_path, json.dumps(me) + "\n")
 

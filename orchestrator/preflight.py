@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.fsutil import atomic_write_text
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.specs import RunRecord
 from kdtree.orchestrator.store import ResultStore

@@ -15,7 +15,7 @@ from typing import Any
 
 from kdtree.orchestrator.evidence import deciding_run, latest_by_device, skipped, why_not_deciding
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.fsutil import atomic_write_text
 from kdtree.orchestrator.markers import MarkerError, replace_blocks
 from kdtree.orchestrator.plan import Plan
 from kdtree.orchestrator.specs import RunRecord, TargetResult

@@ -244,7 +244,7 @@ def render_report(plan: Plan, now: Optional[datetime] = None) -> Report:
 
 def write_report(plan: Plan, out: Optional[Path] = None) -> tuple[Path, Report]:
     """Render the report and write it atomically to ``out`` (default `default_report_path`)."""
-    from kdtree.orchestrator.fsutil import atomic_write_text  # noqa: PLC0415
+    from kdtree.fsutil import atomic_write_text  # noqa: PLC0415
 
     path = Path(out) if out is not None else default_report_path(plan)
     if path.is_dir():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_bytes, atomic_write_text
+from kdtree.fsutil import atomic_write_bytes, atomic_write_text
 from kdtree.orchestrator.plan import has_plan_config
 
 PHASE_TEMPLATE = '''"""Phase {phase}: Python's sorted() orders fresh random lists, fast enough.

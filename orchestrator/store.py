@@ -29,7 +29,7 @@ from typing import Callable, Optional
 from pydantic import ValidationError
 
 from kdtree.orchestrator.errors import Refusal
-from kdtree.orchestrator.fsutil import atomic_write_text
+from kdtree.fsutil import atomic_write_text
 from kdtree.orchestrator.specs import SCHEMA_VERSION, RunRecord, state_of
 from kdtree.orchestrator.verdicts import outcome_problem
 

@@ -3,7 +3,7 @@
 `read_text` returns the exact text (CRLF and BOM kept) or refuses with what is wrong: a path that
 is a directory, a file that is missing or unreadable, or bytes that are not UTF-8 (with the byte
 offset and line of the first bad byte). A symlink is read through; writes go through it too
-(`kdtree.orchestrator.fsutil`).
+(`kdtree.fsutil`).
 """
 
 from __future__ import annotations

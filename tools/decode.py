@@ -90,7 +90,8 @@ def _save_plot(record: dict, path: str) -> None:
 @common_options
 def command(**options) -> int:
     args = SimpleNamespace(**options)
-    from kdtree.bench.decode_report import decode_table, write_atomic  # noqa: PLC0415
+    from kdtree.bench.decode_report import decode_table  # noqa: PLC0415
+    from kdtree.fsutil import atomic_write_bytes  # noqa: PLC0415
 
     if args.from_json:
         try:
@@ -126,7 +127,7 @@ def command(**options) -> int:
 
     def save(partial: dict) -> None:  # after each context: a later one cut short keeps the earlier ones
         if args.json_path:
-            write_atomic(args.json_path, json.dumps({**partial, "command": command_line}, indent=1).encode())
+            atomic_write_bytes(Path(args.json_path), json.dumps({**partial, "command": command_line}, indent=1).encode())
 
     try:
         record = run_decode(config, progress=advance, on_context=save)

@@ -16,6 +16,7 @@ busy, an upper bound, or idle) below; it needs no GPU.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ import click
 
 from kdtree.bench import timeline as tlm
 from kdtree.cli_support import UsageError, common_options
+from kdtree.fsutil import atomic_write_bytes
 from kdtree.kernels import cli
 
 DEFAULT_CONFIGS = "64,64,1,32768;16,512,1,32768"
@@ -133,14 +135,12 @@ def render(tl: tlm.Timeline, out: Path, cta: int, tiles: tuple[int, int] = (2, 8
     handles = [Patch(color=COLORS.get(k, "#e5e5e5"), label=k) for k in used] + [Patch(color="#393b79", label="MMA in flight")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=130)
-        os.replace(tmp, out)
+        fig.savefig(buf, dpi=130, format=out.suffix.lstrip(".") or "png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(out, buf.getvalue())
     return out
 
 

@@ -184,7 +184,7 @@ def test_report_refusals(failing_project, tmp_path):
 def test_report_keeps_the_old_page_when_it_cannot_write(failing_project, tmp_path, monkeypatch):
     out = tmp_path / "r.html"
     out.write_text("the old page")
-    from kdtree.orchestrator import fsutil
+    from kdtree import fsutil
 
     def full_disk(path, data):
         raise OSError(28, "No space left on device")
