@@ -1,14 +1,19 @@
 """SGLang's Triton target-verify call and ours, on SGLang-format fixtures
 (`kdtree.bench.sglang_batches.make_verify_batch`): the pair phase 2's parity gate and the
-SGLang GPU tests compare."""
+SGLang GPU tests compare; and what our converter costs against one kernel call (`converter_fraction`)."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import torch
 
+from kdtree.bench.sglang_batches import make_verify_batch
+from kdtree.bench.timing import QueuedTimer
+from kdtree.integrations.sglang.converter import VerifyConverter
 from kdtree.integrations.sglang.sglang_kernels import load_extend_attention
+from kdtree.kernels import tree_verify_mla
 
 
 def sglang_extend_attention():
@@ -36,3 +41,31 @@ def kdtree_sglang_verify(fx: dict[str, Any], converter, op, out) -> None:
                              fx["custom_mask"], fx["mask_indptr"])
     op(fx["q"], pool.view(pool.shape[0], 576), meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
        fx["sm_scale"], out=out)
+
+
+def converter_fraction(context: int, batch: int, heads: int = 16, tree: int = 64,
+                       repeats: int = 20, device: str = "cuda") -> dict[str, float]:
+    """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
+    each call queued behind a busy-wait); the converter's eager time (host launch included) too."""
+    fx = make_verify_batch(heads, [context] * batch, tree, seed=context, device=device)
+    conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), device)
+    args = (fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"], fx["custom_mask"], fx["mask_indptr"])
+    pool = fx["pool"].view(-1, 576)
+    out = torch.empty(fx["q"].shape[0], heads, 512, dtype=torch.bfloat16, device=device)
+
+    meta = conv.convert(*args)
+
+    def run_kernel():
+        tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
+                        fx["sm_scale"], out=out)
+
+    for _ in range(3):
+        conv.convert(*args)
+        run_kernel()
+    gpu = QueuedTimer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
+    eager = QueuedTimer()  # host launch time included, as an eager step pays it
+    conv_ms = statistics.median(gpu(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    kern_ms = statistics.median(gpu(run_kernel) for _ in range(repeats)) * 1e3
+    conv_eager_ms = statistics.median(eager(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
+    return {"converter_ms": conv_ms, "kernel_ms": kern_ms, "fraction": conv_ms / kern_ms,
+            "converter_eager_ms": conv_eager_ms, "eager_fraction": conv_eager_ms / kern_ms}

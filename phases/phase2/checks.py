@@ -17,7 +17,11 @@ from typing import Any, Optional
 
 import torch
 
-from kdtree.bench.sglang_verify import kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
+from kdtree.bench.sglang_batches import make_verify_batch
+from kdtree.bench.sglang_verify import converter_fraction, kdtree_sglang_verify, sglang_extend_attention, sglang_triton_verify
+from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
+from kdtree.bench.timing import make_timer
+from kdtree.bench.token_probe import decoy_step
 from kdtree.bench.verify_step import VerifySetup, step_breakdown, token_exact_prompts
 from kdtree.engine import generate
 from kdtree.engine.decode import backends
@@ -25,15 +29,11 @@ from kdtree.gates import accuracy as accuracy_gate, token_exact as token_exact_g
 from kdtree.gates.accuracy import AccuracyCase
 from kdtree.gates.base import Figure, GateContext, GateResult, Outcome, verdict
 from kdtree.gates.metric import check_metric
-from kdtree.bench.speed import SpeedConfig, measure_speedup, speed_protocol
-from kdtree.bench.timing import QueuedTimer, make_timer
 from kdtree.gates.speedup import judge_speedup
 from kdtree.gates.token_exact import Stream
 from kdtree.integrations.sglang.converter import VerifyConverter
-from kdtree.bench.sglang_batches import make_verify_batch
 from kdtree.kernels import tree_verify_mla
 from kdtree.phases.models import SPEED_PRESET, release_device_memory, shared_model
-from kdtree.bench.token_probe import decoy_step
 
 LONG_PROMPT_TOKENS = 32768  # token_exact: prompts at least this long are part of every run
 VERIFY_CONTEXTS = (4096, 32768, 131072)
@@ -204,34 +204,6 @@ def check_sglang_parity(spec, ctx: GateContext, reference=None, candidate_op=Non
 
 
 # -- verify_speedup ------------------------------------------------------------------------------
-def converter_fraction(context: int, batch: int = VERIFY_BATCH, heads: int = 16, tree: int = TREE_BUDGET,
-                       repeats: int = 20, device: str = "cuda") -> dict[str, float]:
-    """The SGLang converter's GPU time against one kernel call's on the same verify batch (CUDA events,
-    each call queued behind a busy-wait); the converter's eager time (host launch included) too."""
-
-
-    fx = make_verify_batch(heads, [context] * batch, tree, seed=context, device=device)
-    conv = VerifyConverter(batch, batch * tree, tree, batch * (context + tree), device)
-    args = (fx["qo_indptr"], fx["kv_indptr"], fx["kv_indices"], fx["out_cache_loc"], fx["custom_mask"], fx["mask_indptr"])
-    pool = fx["pool"].view(-1, 576)
-    out = torch.empty(fx["q"].shape[0], heads, 512, dtype=torch.bfloat16, device=device)
-
-    meta = conv.convert(*args)
-
-    def run_kernel():
-        tree_verify_mla(fx["q"], pool, meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.tree_mask,
-                        fx["sm_scale"], out=out)
-
-    for _ in range(3):
-        conv.convert(*args)
-        run_kernel()
-    gpu = QueuedTimer(lead_s=200e-6)  # GPU time: each call queued behind a busy-wait
-    eager = QueuedTimer()  # host launch time included, as an eager step pays it
-    conv_ms = statistics.median(gpu(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
-    kern_ms = statistics.median(gpu(run_kernel) for _ in range(repeats)) * 1e3
-    conv_eager_ms = statistics.median(eager(lambda: conv.convert(*args)) for _ in range(repeats)) * 1e3
-    return {"converter_ms": conv_ms, "kernel_ms": kern_ms, "fraction": conv_ms / kern_ms,
-            "converter_eager_ms": conv_eager_ms, "eager_fraction": conv_eager_ms / kern_ms}
 
 
 def check_verify_speedup(spec, ctx: GateContext, preset_name: str = SPEED_PRESET, contexts=VERIFY_CONTEXTS,
@@ -310,7 +282,8 @@ def _merge_speedups(spec, ctx, rows, results, breakdown, with_converter, context
         for context in contexts:
             if context >= 32768:
                 ctx.progress(f"SGLang converter vs kernel at L={context}", None)
-                converter[context_label(context)] = got = converter_fraction(context, device=device)
+                got = converter_fraction(context, VERIFY_BATCH, tree=TREE_BUDGET, device=device)
+                converter[context_label(context)] = got
                 figures.append(Figure(name=f"converter_fraction_{context_label(context)}", value=got["fraction"]))
     summary = "; ".join(r.summary for r in results)
     details = {"configs": rows, "step_breakdown_ms": breakdown, "converter": converter,
