@@ -89,6 +89,14 @@ def tiny_model():
     return build_model(preset("tiny"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_cuda_model():
+    """The engine's tiny preset, seed 0, on the GPU (for tests marked ``gpu``, skipped on the CPU)."""
+    from kdtree.engine import build_model, preset
+
+    return build_model(preset("tiny"), seed=0, device="cuda")
+
+
 @pytest.fixture
 def pool_batch(tiny_model):
     """``make(lens, sizes, rng)``: a KV pool of random rows (seed 1) holding request ``b`` with a

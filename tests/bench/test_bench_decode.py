@@ -118,15 +118,14 @@ def test_a_time_budget_stops_rounds_but_keeps_them(tiny_model):
 
 
 @pytest.mark.gpu
-def test_every_arm_on_the_gpu_emits_the_same_tokens_and_graphs_replay():
+def test_every_arm_on_the_gpu_emits_the_same_tokens_and_graphs_replay(tiny_cuda_model):
     from kdtree.bench.decode_triton import load_kernels
-    from kdtree.engine import build_model, preset
 
     try:
         load_kernels()
     except ImportError as err:
         pytest.skip(f"SGLang's Triton kernels are not loadable here: {err}")
-    model = build_model(preset("tiny"), seed=0, device="cuda")
+    model = tiny_cuda_model
     config = DecodeConfig(contexts=(700,), batches=(2,), budget=16, drafter="ddtree", new_tokens=12, rounds=2,
                           preset="tiny", device="cuda")
     rec = run_decode(config, model=model)

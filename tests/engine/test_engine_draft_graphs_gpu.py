@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree.engine import build_model, generate, preset
+from kdtree.engine import generate
 from kdtree.engine.api import decode_loop
 from kdtree.engine.decode.backends import get_backend
 from kdtree.engine.decode.drafters import get_drafter
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build_model(preset("tiny"), seed=0, device="cuda")
+def model(tiny_cuda_model):
+    return tiny_cuda_model
 
 
 def prompts():

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from kdtree.bench.verify_step import EngineVerify, StepInputs
-from kdtree.engine import build_model, generate, preset
+from kdtree.engine import generate
 from kdtree.engine.decode.graph_capture import Bucket, VerifyGraphs
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build_model(preset("tiny"), seed=0, device="cuda")
+def model(tiny_cuda_model):
+    return tiny_cuda_model
 
 
 def prompts():
