@@ -12,8 +12,11 @@ CONSTRAINTS ?= constraints/test.txt
 STAMP  := $(VENV)/.installed
 
 SGLANG_CONSTRAINTS ?= constraints/sglang.txt
+# SGLang 0.5.23's Triton kernel files (60 KiB of its wheel), for the tests that run them on the CPU
+# under Triton's interpreter; without the index they skip, saying why.
+SGLANG_KERNELS ?= .kdtree-cache/sglang-kernels
 
-.PHONY: run test test-fast venv clean status lock lock-sglang
+.PHONY: run test test-fast venv clean status lock lock-sglang sglang-kernels
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +35,12 @@ run: $(STAMP)
 	if [ $$rc -eq 3 ]; then echo "phase1 is incomplete here: its GPU gates need a CUDA device (see orchestrate status)"; \
 	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
+## sglang-kernels: SGLang's Triton kernel files into $(SGLANG_KERNELS) (never fails the build).
+sglang-kernels:
+	@$(PYTHON) scripts/fetch-sglang-kernels.py $(SGLANG_KERNELS) || echo "(the tests that run SGLang's kernels will skip)"
+
 ## test: the whole test suite (GPU tests skip with their reason on a machine without one).
-test: $(STAMP)
+test: $(STAMP) sglang-kernels
 	$(PY) -m pytest -q
 
 ## test-fast: the inner loop - every test not marked `slow` (under 3 minutes on 2 CPU cores).

@@ -46,19 +46,10 @@ if [ "${PEERS:-0}" = 1 ]; then
   # of its .so files (_loader.py), so the whole wheel is carried
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --abi abi3 --platform manylinux2014_x86_64 -d .peers-carry sgl-flash-mla==1.0.0
-  # SGLang's Triton verify kernel alone (its extend_attention file, the two it imports, the wheel's
-  # METADATA: ~60 KiB), so phases 2 and 3 run in the same call as phase 1
+  # SGLang's Triton kernels alone (its extend_attention and decode_attention files, the two they
+  # import, the wheel's METADATA: ~60 KiB), so phases 2 and 3 run in the same call as phase 1
   # (kdtree.integrations.sglang.sglang_kernels loads these files with the package __init__s skipped)
-  fetch /tmp/sgl-dl sglang==0.5.23
-  python3 - <<'PY'
-import glob, zipfile
-src = glob.glob("/tmp/sgl-dl/sglang-0.5.23-*.whl")[0]
-keep = {"sglang/kernels/ops/attention/extend_attention.py", "sglang/kernels/ops/attention/decode_attention.py",
-        "sglang/kernels/ops/attention/score_mod.py", "sglang/srt/environ.py", "sglang-0.5.23.dist-info/METADATA"}
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(".peers-carry/sglang-kernels.zip", "w", zipfile.ZIP_DEFLATED) as zout:
-    for name in sorted(keep):
-        zout.writestr(name, zin.read(name))
-PY
+  python3 scripts/fetch-sglang-kernels.py --zip .peers-carry/sglang-kernels.zip
   python3 - <<'PY'
 import glob, re, zipfile
 src = glob.glob("/tmp/fi-dl/flashinfer_python-0.7.2.post1-*.whl")[0]
