@@ -68,7 +68,9 @@ def main() -> int:
             os.replace(part, args.zip)
             print(f"{args.zip}: {len(files)} files of sglang {VERSION}")
             return 0
-        staged = tempfile.mkdtemp(prefix=".sglang-kernels-", dir=os.path.dirname(os.path.abspath(args.dir)))
+        parent = os.path.dirname(os.path.abspath(args.dir))
+        os.makedirs(parent, exist_ok=True)
+        staged = tempfile.mkdtemp(prefix=".sglang-kernels-", dir=parent)
         for name, data in files.items():
             os.makedirs(os.path.join(staged, os.path.dirname(name)), exist_ok=True)
             with open(os.path.join(staged, name), "wb") as f:
