@@ -5,7 +5,8 @@ bucket's padded metadata; and the backend run through SGLang-signature stand-ins
 kernels (reading the layout the way SGLang's kernels read it) against the oracle, eagerly and
 inside the graph body (verify and decode modes). With ``KDTREE_TEST_REAL_SGLANG_KERNELS=1`` the
 stand-ins are SGLang's real kernels (`test_bench_decode_triton_interpreted` runs this file so, under
-Triton's interpreter on the CPU); the GPU test at the end runs them compiled, eager and captured."""
+Triton's interpreter on the CPU), and phase 2's parity reference call is checked on them too; the GPU
+test runs them compiled, eager and captured."""
 
 from __future__ import annotations
 
@@ -278,3 +279,29 @@ def test_both_sglang_kernels_load_from_a_trimmed_copy(tmp_path, monkeypatch):
     assert extend() == "extend" and decode() == ("decode", "environ", False)
     assert "package __init__s skipped" in how
     assert not [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]
+
+
+@pytest.mark.skipif(not REAL_KERNELS, reason="runs SGLang's own extend kernel: test_bench_decode_triton_interpreted "
+                                              "runs it here under Triton's interpreter, tests/integrations/"
+                                              "test_sglang_gpu.py compiled on a GPU")
+@pytest.mark.parametrize("lens,n,kind,mask_dtype,closed,padded", [
+    ([40, 3], 8, "random", torch.bool, True, 0),
+    ([0, 1, 90], 6, "chain", torch.uint8, True, 0),
+    ([25, 60], 7, "random", torch.bool, False, 2),
+])
+def test_the_parity_gates_sglang_call_reads_sglangs_layout(lens, n, kind, mask_dtype, closed, padded):
+    """Phase 2's parity reference (`sglang_triton_verify`, the call SGLang's Triton backend makes for
+    target verify) on SGLang's real kernel equals attention read straight off SGLang's layout."""
+    from kdtree.bench.decode_triton import load_kernels
+    from kdtree.bench.sglang_batches import make_verify_batch, sglang_layout_reference
+    from kdtree.bench.sglang_verify import sglang_triton_verify
+
+    fx = make_verify_batch(4, lens, n, seed=sum(lens) + n, dtype=torch.float32, mask_dtype=mask_dtype, kind=kind,
+                           ancestor_closed=closed, padded=padded)
+    sg_fx = dict(fx, pool=fx["pool"].clone())
+    sg_fx["pool"][fx["out_cache_loc"]] = fx["k_extend"]
+    extend, _, _ = load_kernels()
+    real = fx["real_requests"] * n
+    got = sglang_triton_verify(sg_fx, extend)[:real].double()
+    want = sglang_layout_reference(fx)[:real].double()
+    assert (got - want).norm() / want.norm() < 1e-5

@@ -5,7 +5,8 @@ against SGLang's real kernels without a GPU:
 
 - `test_bench_decode_triton.py` again, its SGLang-signature stand-ins replaced by the real kernels
   (``KDTREE_TEST_REAL_SGLANG_KERNELS=1``): verify, decode and extend against the oracle, the graph
-  body over a bucket's padded metadata against the eager logits;
+  body over a bucket's padded metadata against the eager logits, and phase 2's parity reference
+  (SGLang's target-verify call on SGLang-format batches) against attention read off SGLang's layout;
 - the same run with the verify mask lost (`broken_sglang_layout`): the verify checks fail;
 - the decode benchmark's command with the Triton backend against the reference backend, eagerly:
   the same tokens.
@@ -59,7 +60,7 @@ def test_the_backend_matches_the_oracle_on_sglangs_own_kernels():
     done = pytest_run()
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
-    assert "12 passed" in done.stdout, tail  # every CPU check ran on the real kernels, none skipped
+    assert "15 passed" in done.stdout, tail  # every CPU check ran on the real kernels, none skipped
 
 
 def test_a_lost_verify_mask_fails_against_sglangs_own_kernels():
