@@ -18,11 +18,6 @@ from kdtree.engine.decode.speculative import Request, Runner
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def model(tiny_cuda_model):
-    return tiny_cuda_model
-
-
 def prompts():
     import random
 
@@ -31,23 +26,23 @@ def prompts():
 
 
 @pytest.mark.parametrize("drafter", ["ddtree", "selfdraft"])
-def test_generation_replays_every_draft_pass_and_keeps_the_tokens(model, drafter):
-    eager = generate(prompts(), model=model, drafter=drafter, budget=16, backend="kernel", max_new_tokens=24,
+def test_generation_replays_every_draft_pass_and_keeps_the_tokens(tiny_cuda_model, drafter):
+    eager = generate(prompts(), model=tiny_cuda_model, drafter=drafter, budget=16, backend="kernel", max_new_tokens=24,
                      cuda_graph=False)
-    graph = generate(prompts(), model=model, drafter=drafter, budget=16, backend="kernel", max_new_tokens=24,
+    graph = generate(prompts(), model=tiny_cuda_model, drafter=drafter, budget=16, backend="kernel", max_new_tokens=24,
                      cuda_graph=True)
     assert graph.tokens == eager.tokens
     assert graph.draft_graph_replays > 0 and graph.graph_replays == graph.steps
     assert eager.draft_graph_replays == 0
 
 
-def test_a_replayed_pass_matches_the_eager_pass(model):
-    pool = KVPool(model.config.num_layers, 4096, dtype=model.dtype, device="cuda")
+def test_a_replayed_pass_matches_the_eager_pass(tiny_cuda_model):
+    pool = KVPool(tiny_cuda_model.config.num_layers, 4096, dtype=tiny_cuda_model.dtype, device="cuda")
     for layer in pool.kv:
         layer.normal_()
-    graphs = DraftGraphs(model, pool, num_layers=2)
-    eager_runner = Runner(model, pool, get_backend("kernel"))
-    graph_runner = Runner(model, pool, get_backend("kernel"), draft_graphs=graphs)
+    graphs = DraftGraphs(tiny_cuda_model, pool, num_layers=2)
+    eager_runner = Runner(tiny_cuda_model, pool, get_backend("kernel"))
+    graph_runner = Runner(tiny_cuda_model, pool, get_backend("kernel"), draft_graphs=graphs)
     for b, n in enumerate((700, 33)):
         pool.add_request(b)
         pool.append(b, pool.alloc(n).tolist())
@@ -61,7 +56,7 @@ def test_a_replayed_pass_matches_the_eager_pass(model):
     assert graphs.graphs.captures == 1 and graphs.graphs.replays == 2
 
 
-def test_sglang_triton_backend_replays_both_halves(model):
+def test_sglang_triton_backend_replays_both_halves(tiny_cuda_model):
     from kdtree.bench.decode_backends import Arm, make_runner
     from kdtree.bench.decode_triton import load_kernels
 
@@ -69,9 +64,9 @@ def test_sglang_triton_backend_replays_both_halves(model):
         load_kernels()
     except ImportError as err:
         pytest.skip(f"SGLang's Triton kernels are not loadable here: {err}")
-    pool = KVPool(model.config.num_layers, 4096, dtype=model.dtype, device="cuda")
-    runner = make_runner(Arm("triton", "graph"), model, pool, draft_layers=2)
-    eager = make_runner(Arm("triton", "eager"), model, pool, draft_layers=None)
+    pool = KVPool(tiny_cuda_model.config.num_layers, 4096, dtype=tiny_cuda_model.dtype, device="cuda")
+    runner = make_runner(Arm("triton", "graph"), tiny_cuda_model, pool, draft_layers=2)
+    eager = make_runner(Arm("triton", "eager"), tiny_cuda_model, pool, draft_layers=None)
     spec = get_drafter("ddtree")
     out = {}
     for name, r in (("eager", eager), ("graph", runner)):
