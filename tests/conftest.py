@@ -1,5 +1,5 @@
-"""Shared pytest fixtures (the tiny engine model, a pool holding a verify batch, FlashMLA's stand-in)
-and the GPU skip marker."""
+"""Shared pytest fixtures (the tiny engine model, a pool holding a verify batch, FlashMLA's stand-in,
+a child process under Triton's interpreter) and the GPU skip marker."""
 
 from __future__ import annotations
 
@@ -79,6 +79,27 @@ def fake_flash_mla(monkeypatch):
         return module
 
     return install
+
+
+@pytest.fixture
+def run_interpreted():
+    """``run(args, env=None, timeout=600)``: ``python ARGS`` in a child process from the repository
+    root with ``TRITON_INTERPRET=1`` (and ``env``) set before it imports anything; its
+    CompletedProcess, output as text. Whether triton interprets a kernel is decided when triton
+    builds it, and the variable leaks into everything after it: a child keeps this process as it is."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run(args, env=None, timeout=600):
+        child_env = {**os.environ, "TRITON_INTERPRET": "1", **(env or {})}
+        return subprocess.run([sys.executable, *args], cwd=root, env=child_env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    return run
 
 
 @pytest.fixture(scope="session")

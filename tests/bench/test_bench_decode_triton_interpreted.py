@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -44,39 +42,40 @@ def kernel_files() -> Path:
     return Path(where)
 
 
-def interpreted(args: list[str], extra_env: dict[str, str] | None = None, timeout: int = 600):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(kernel_files()), str(HERE), os.environ.get("PYTHONPATH", "")]),
-           **(extra_env or {})}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def sglang_env(**extra: str) -> dict[str, str]:
+    """The child's environment besides TRITON_INTERPRET: SGLang's kernel files and the control plugin
+    on the path, no GPU."""
+    path = os.pathsep.join([str(kernel_files()), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path, **extra}
 
 
-def pytest_run(*extra: str, env: dict[str, str] | None = None):
-    return interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-rf", *extra,
-                        str(HERE / "test_bench_decode_triton.py")], {"KDTREE_TEST_REAL_SGLANG_KERNELS": "1", **(env or {})})
+def pytest_run(run_interpreted, *extra: str):
+    return run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-rf", *extra,
+                            str(HERE / "test_bench_decode_triton.py")], sglang_env(KDTREE_TEST_REAL_SGLANG_KERNELS="1"))
 
 
-def test_the_backend_matches_the_oracle_on_sglangs_own_kernels():
-    done = pytest_run()
+def test_the_backend_matches_the_oracle_on_sglangs_own_kernels(run_interpreted):
+    done = pytest_run(run_interpreted)
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     assert "15 passed" in done.stdout, tail  # every CPU check ran on the real kernels, none skipped
 
 
-def test_a_lost_verify_mask_fails_against_sglangs_own_kernels():
-    done = pytest_run("-p", "broken_sglang_layout", "-k", "oracle or graph_body")  # the kernel checks
+def test_a_lost_verify_mask_fails_against_sglangs_own_kernels(run_interpreted):
+    # the kernel checks only (the layout tests read the mask directly)
+    done = pytest_run(run_interpreted, "-p", "broken_sglang_layout", "-k", "oracle or graph_body")
     failed = {line.split("::")[1].split(" ")[0] for line in done.stdout.splitlines() if line.startswith("FAILED")}
     assert done.returncode == 1 and "2 failed, 3 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     assert failed == {"test_the_backend_through_sglang_signatures_matches_the_oracle[verify]",
                       "test_the_graph_body_on_the_backend_gives_the_eager_logits[verify]"}, done.stdout[-3000:]
 
 
-def test_the_decode_benchmark_on_sglangs_kernels_emits_the_reference_tokens(tmp_path):
+def test_the_decode_benchmark_on_sglangs_kernels_emits_the_reference_tokens(run_interpreted, tmp_path):
     out = tmp_path / "decode.json"
-    done = interpreted(["-m", "kdtree.tools.decode", "--context", "80", "--batch", "2", "--budget", "6",
-                        "--new-tokens", "4", "--rounds", "1", "--backend", "triton", "--backend", "reference",
-                        "--mode", "eager", "--baseline", "reference", "--preset", "tiny", "--device", "cpu",
-                        "--no-breakdown", "--no-progress", "--json", str(out)])
+    done = run_interpreted(["-m", "kdtree.tools.decode", "--context", "80", "--batch", "2", "--budget", "6",
+                            "--new-tokens", "4", "--rounds", "1", "--backend", "triton", "--backend", "reference",
+                            "--mode", "eager", "--baseline", "reference", "--preset", "tiny", "--device", "cpu",
+                            "--no-breakdown", "--no-progress", "--json", str(out)], sglang_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     record = json.loads(out.read_text())
     (context,) = record["contexts"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -107,12 +105,9 @@ def test_triton_kernels_equal_the_reference(case):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(INTERPRETED, reason="this process already interprets triton")
-def test_triton_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__).resolve()
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-                            "test_triton_kernels_equal_the_reference", str(here)], cwd=here.parents[2], env=env,
-                           capture_output=True, text=True, timeout=600)
+def test_triton_kernels_under_the_interpreter(run_interpreted):
+    child = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+                             "test_triton_kernels_equal_the_reference", str(Path(__file__).resolve())])
     report = child.stdout[-4000:] + child.stderr[-2000:]
     assert child.returncode == 0, report
     assert f"{len(CASES)} passed" in child.stdout, report

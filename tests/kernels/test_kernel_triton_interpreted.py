@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +28,9 @@ HERE = Path(__file__).resolve().parent
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                     reason="this process already interprets triton: test_kernel_accuracy runs the cases")
 @pytest.mark.slow
-def test_triton_baseline_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", KDTREE_TEST_SEED=str(kernel_cases.BASE_SEED))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton",
-           str(HERE / "test_kernel_accuracy.py")]
-    child = subprocess.run(cmd, cwd=HERE.parents[1], env=env, capture_output=True, text=True, timeout=600)
+def test_triton_baseline_under_interpreter(run_interpreted):
+    child = run_interpreted(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton",
+                             str(HERE / "test_kernel_accuracy.py")], {"KDTREE_TEST_SEED": str(kernel_cases.BASE_SEED)})
     report = child.stdout[-6000:] + child.stderr[-3000:]
     assert child.returncode == 0, f"interpreted Triton cases failed (rc {child.returncode}):\n{report}"
     expected = sum(case.tiny for case in kernel_cases.CASES) + 1  # + test_allocates_out_when_none_given
