@@ -164,6 +164,16 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
+def init_repo(root: Path) -> None:
+    """An empty git repository at `root` (made if missing) on branch main, with a test identity and
+    no commit signing."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "t@example.com")
+    git(root, "config", "user.name", "Test")
+    git(root, "config", "commit.gpgsign", "false")
+
+
 class Project:
     """The temp repository and helpers to drive ``orchestrate`` in it."""
 
@@ -223,11 +233,7 @@ class Project:
 
 def make_project(root: Path, extra_gate: str = "", extra_checks: str = "", targets: str = "") -> Project:
     pkg = "tp_" + uuid.uuid4().hex[:10]
-    root.mkdir(parents=True, exist_ok=True)
-    git(root, "init", "-q", "-b", "main")
-    git(root, "config", "user.email", "t@example.com")
-    git(root, "config", "user.name", "Test")
-    git(root, "config", "commit.gpgsign", "false")
+    init_repo(root)
     proj = Project(root, pkg)
     proj.write("pyproject.toml", f"""[project]
 name = "t"

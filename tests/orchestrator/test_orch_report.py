@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from kdtree.orchestrator import device as device_facts
 from kdtree.orchestrator.cli import cli
 from kdtree.orchestrator.specs import DeviceInfo
-from orch_project import git, make_project
+from orch_project import git, init_repo, make_project
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability="9.0", driver="580.00", host="gpu1")
@@ -72,10 +72,7 @@ def invoke(*args: str, expect: int = 0):
 def _init_project(root: Path) -> str:
     """A fresh `orchestrate init` project in a git repository, committed; returns its package."""
     root.mkdir(parents=True)
-    git(root, "init", "-q", "-b", "main")
-    git(root, "config", "user.email", "t@example.com")
-    git(root, "config", "user.name", "Test")
-    git(root, "config", "commit.gpgsign", "false")
+    init_repo(root)
     pkg = "rp_" + uuid.uuid4().hex[:10]
     invoke("--repo", str(root), "init", "--id", "shop", "--title", "The shop", "--package", pkg)
     (root / ".gitignore").write_text("__pycache__/\n")
