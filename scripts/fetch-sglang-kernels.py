@@ -35,10 +35,9 @@ DONE = ".complete"  # DIR's marker: the version whose files it holds
 
 def download_wheel(into: str) -> str:
     """The wheel's path, downloaded with pip (no dependencies) into `into`."""
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           "3.12", "--implementation", "cp", "-d", into, f"sglang=={VERSION}"]
-    for platform in PLATFORMS:
-        cmd[5:5] = ["--platform", platform]
+           "3.12", "--implementation", "cp", *platforms, "-d", into, f"sglang=={VERSION}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = glob.glob(os.path.join(into, f"sglang-{VERSION}-*.whl"))
     if done.returncode != 0 or not wheels:
