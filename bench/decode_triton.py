@@ -91,7 +91,7 @@ def sglang_verify_layout(meta: AttentionMetadata, rows: int, with_mask: bool = T
     words = meta.tree_mask[row.expand_as(cell), (s_i // 32).expand_as(cell)]
     bits = torch.bitwise_and(torch.bitwise_right_shift(words, (s_i % 32).to(words.dtype)), 1).bool() & valid
     mask[cell.reshape(-1)] = bits.reshape(-1)
-    mask[cap - 1] = False
+    mask[cap - 1:].zero_()  # a Python scalar written by index would be a host-to-device copy
     return SGLangVerifyLayout(prefix_indptr.to(torch.int32), prefix_indices, tree_slots, mask, mask_indptr)
 
 

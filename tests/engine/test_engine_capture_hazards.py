@@ -1,0 +1,112 @@
+"""`kdtree.engine.decode.capture_hazards` on the CPU: each kind of operation a CUDA graph capture
+forbids is found with the line that issued it, and the graph bodies the decode benchmark captures
+(verify and draft decode passes, on the kernel's bucket backend and on SGLang's Triton backend)
+issue none. Phase 2's first H100 run of the graph decode failed in capture on a Python scalar
+written into the Triton backend's verify mask: the Triton case here is that run, without the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree.bench.decode_triton import SGLangTritonBackend
+from kdtree.engine import build_model, preset
+from kdtree.engine.decode.capture_hazards import capture_hazards, fake_cuda
+from kdtree.engine.decode.graph_capture import BucketKernelBackend, Bucket, stage_values, verify_body
+
+
+def kinds(hazards):
+    return [(h.kind, h.op) for h in hazards]
+
+
+def test_each_forbidden_operation_is_found_with_its_line():
+    with fake_cuda():
+        mask = torch.ones(10, dtype=torch.bool, device="cuda")
+        x = torch.arange(5, device="cuda")
+
+        def body():
+            mask[9] = False
+            x.cpu()
+            torch.tensor([1, 2]).to("cuda")
+            if mask.any():
+                pass
+
+        hazards = capture_hazards(body)
+    assert kinds(hazards) == [("host-to-device copy", "copy_"), ("device-to-host copy", "_to_copy"),
+                              ("host-to-device copy", "_to_copy"), ("host sync", "_local_scalar_dense")]
+    assert "test_engine_capture_hazards.py" in hazards[0].where and "mask[9] = False" in hazards[0].where
+    assert "if mask.any()" in str(hazards[-1])
+
+
+def test_a_data_dependent_shape_ends_the_walk_as_its_last_hazard():
+    with fake_cuda():
+        mask = torch.ones(10, dtype=torch.bool, device="cuda")
+        hazards = capture_hazards(lambda: (mask[mask], mask.cpu()))
+    assert kinds(hazards) == [("data-dependent shape", "index")]
+
+
+def test_device_only_work_has_no_hazard_and_other_errors_propagate():
+    with fake_cuda():
+        mask = torch.ones(10, dtype=torch.bool, device="cuda")
+        x = torch.arange(5, device="cuda")
+        assert capture_hazards(lambda: (mask[9:].zero_(), torch.searchsorted(x, x), x + 1, mask.sum())) == []
+        with pytest.raises(ZeroDivisionError):
+            capture_hazards(lambda: 1 / 0)
+
+
+def _no_op_kernel(*args, **kwargs):
+    return None
+
+
+def _kernel_launch_stub(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, *, out, **kwargs):
+    return out
+
+
+def cpu_model():
+    return build_model(preset("tiny"), seed=0)  # built outside the fake mode: its init reads values
+
+
+@pytest.mark.parametrize("mode", ["verify", "decode"])
+@pytest.mark.parametrize("backend", ["kernel", "sglang-triton"])
+def test_the_decode_benchmarks_graph_bodies_are_capturable(monkeypatch, backend, mode):
+    monkeypatch.setattr("kdtree.kernels.cuda_op.launch", _kernel_launch_stub)
+    bucket = Bucket(4, 8 if mode == "verify" else 1, 64)
+    model = cpu_model()
+    with fake_cuda():
+        model = model.to("cuda")
+        cfg = model.config
+        kv = [torch.empty(512, 576, device="cuda", dtype=model.dtype) for _ in range(cfg.num_layers)]
+        stage = torch.tensor(stage_values(bucket, [], [], [], 511)[0], dtype=torch.int64).to("cuda")
+        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
+        logits = torch.empty(bucket.rows, cfg.vocab_size, device="cuda")
+        attention = (BucketKernelBackend(plan=None) if backend == "kernel"
+                     else SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
+        layers = 2 if mode == "decode" else None
+        hazards = capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits,
+                                                      num_layers=layers, mode=mode))
+    assert hazards == [], "\n".join(map(str, hazards))
+
+
+def test_the_triton_verify_mask_written_by_a_python_scalar_is_found(monkeypatch):
+    """The bug phase 2's first graph run hit, put back: the detector names its line."""
+    import kdtree.bench.decode_triton as dt
+
+    def layout_with_scalar_write(meta, rows, with_mask=True):
+        lay = real_layout(meta, rows, with_mask)
+        lay.custom_mask[lay.custom_mask.numel() - 1] = False
+        return lay
+
+    real_layout = dt.sglang_verify_layout
+    monkeypatch.setattr(dt, "sglang_verify_layout", layout_with_scalar_write)
+    bucket = Bucket(2, 4, 32)
+    model = cpu_model()
+    with fake_cuda():
+        model = model.to("cuda")
+        kv = [torch.empty(256, 576, device="cuda", dtype=model.dtype) for _ in range(model.config.num_layers)]
+        stage = torch.tensor(stage_values(bucket, [], [], [], 255)[0], dtype=torch.int64).to("cuda")
+        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
+        logits = torch.empty(bucket.rows, model.config.vocab_size, device="cuda")
+        attention = SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel))
+        hazards = capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits))
+    assert kinds(hazards) == [("host-to-device copy", "copy_")]
+    assert "lay.custom_mask[lay.custom_mask.numel() - 1] = False" in hazards[0].where
