@@ -10,6 +10,7 @@ test runs them compiled, eager and captured."""
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 
@@ -245,8 +246,8 @@ def test_sglang_kernels_eager_and_captured_match_the_oracle():
         graph = torch.cuda.CUDAGraph()
         fresh = SGLangTritonBackend()
         fresh.forward(q, kv, meta, 0.05)
-        with torch.cuda.graph(graph):
-            out = fresh.forward(q, kv, meta, 0.05)
+        with torch.cuda.graph(graph):  # a new metadata object: the layout is built inside capture, as in a bucket
+            out = fresh.forward(q, kv, copy.copy(meta), 0.05)
         q.normal_()
         graph.replay()
         want = get_backend("reference").forward(q, kv, meta, 0.05).float()
