@@ -27,6 +27,7 @@ from kdtree.gates.spec import (
 
 FA2 = "vs FlashInfer 0.7.2 FA2 MLA (mma.sync), causal chain, same shapes"
 FA3 = "vs FlashInfer 0.7.2 FA3 MLA (wgmma, sm_90a), causal chain, same shapes"
+FLASHMLA = "vs FlashMLA's dense decode (sgl-flash-mla 1.0.0, 64-token pages: its best case), causal chain, same shapes"
 SM120 = ("the sm_120 path (the variant compute capability 12.0 dispatches, forced on this GPU under sm_120's "
          "101376-byte shared-memory limit; kdtree.phases.phase1.sm120)")
 # The plan's first speed thresholds, now targets (plans/0002, phase 1, says why they moved).
@@ -113,13 +114,15 @@ SPEC = PhaseSpec(
                 Target(figure="fa2_median_speedup", op=">=", value=1.25, unit="x", note=FA2 + ", median"),
                 Target(figure="fa3_min_speedup_tc", op=">=", value=1.0, unit="x",
                        note=FA3 + ", every tensor-core-bound config (Hopper only)"),
-                Target(figure="fa3_median_speedup", op=">=", value=1.1, unit="x",
+                Target(figure="fa3_median_speedup", op=">=", value=1.15, unit="x",
                        note=FA3 + ", median (Hopper only)"),
                 Target(figure="median_roofline", op=">=", value=0.75,
                        note="fraction of the roofline floor reached, median, on Hopper with the wgmma variant"),
-                Target(figure="sm120_path_fa2_sm120smem_median_speedup", op=">=", value=1.5, unit="x",
+                Target(figure="flashmla_median_speedup", op=">=", value=0.9, unit="x",
+                       note=FLASHMLA + ", median (Hopper only)"),
+                Target(figure="sm120_path_fa2_sm120smem_median_speedup", op=">=", value=2.0, unit="x",
                        note=SM120 + " " + FA2_SM120_SMEM + ", median"),
-                Target(figure="sm120_path_median_speedup", op=">=", value=10.0, unit="x",
+                Target(figure="sm120_path_median_speedup", op=">=", value=12.0, unit="x",
                        note=SM120 + " vs the Triton baseline (SGLang's Triton path), median"),
                 Target(figure="median_roofline", op=">=", value=0.36, note="fraction of the roofline floor reached, median"),
                 Target(figure="median_speedup", op=">=", value=20.0, unit="x", note=ORIGINAL),
@@ -139,7 +142,7 @@ SPEC = PhaseSpec(
                         "reported, its ratios to FA2 built with sm_120's shared memory and to Triton are "
                         "targets. The default dispatch is also timed against FlashMLA's dense decode "
                         "(sgl-flash-mla 1.0.0, causal chain, 64-token pages, held to the fp64 oracle "
-                        "first; flashmla_*, reported, not measured where it does not load)"),
+                        "first; flashmla_median_speedup is a target, not measured where it does not load)"),
         SpeedupGateSpec(
             name="speedup_naive", requires=["cuda"], baseline="naive",
             min_median_speedup=1.5, min_each_speedup=1.0, trials=3, workload=SPEED_WORKLOAD,
