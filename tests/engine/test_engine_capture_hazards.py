@@ -62,28 +62,30 @@ def _kernel_launch_stub(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask
     return out
 
 
-def cpu_model():
-    return build_model(preset("tiny"), seed=0)  # built outside the fake mode: its init reads values
+def graph_body_hazards(bucket: Bucket, attention, mode: str = "verify"):
+    """`capture_hazards` of `verify_body` over a bucket's static buffers, the tiny model on fake CUDA
+    (built on the CPU first: its initialisation reads values a fake tensor does not have)."""
+    model = build_model(preset("tiny"), seed=0)
+    slots = 512
+    with fake_cuda():
+        model = model.to("cuda")
+        cfg = model.config
+        kv = [torch.empty(slots, 576, device="cuda", dtype=model.dtype) for _ in range(cfg.num_layers)]
+        stage = torch.tensor(stage_values(bucket, [], [], [], slots - 1)[0], dtype=torch.int64).to("cuda")
+        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
+        logits = torch.empty(bucket.rows, cfg.vocab_size, device="cuda")
+        layers = 2 if mode == "decode" else None
+        return capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits,
+                                                   num_layers=layers, mode=mode))
 
 
 @pytest.mark.parametrize("mode", ["verify", "decode"])
 @pytest.mark.parametrize("backend", ["kernel", "sglang-triton"])
 def test_the_decode_benchmarks_graph_bodies_are_capturable(monkeypatch, backend, mode):
     monkeypatch.setattr("kdtree.kernels.cuda_op.launch", _kernel_launch_stub)
-    bucket = Bucket(4, 8 if mode == "verify" else 1, 64)
-    model = cpu_model()
-    with fake_cuda():
-        model = model.to("cuda")
-        cfg = model.config
-        kv = [torch.empty(512, 576, device="cuda", dtype=model.dtype) for _ in range(cfg.num_layers)]
-        stage = torch.tensor(stage_values(bucket, [], [], [], 511)[0], dtype=torch.int64).to("cuda")
-        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
-        logits = torch.empty(bucket.rows, cfg.vocab_size, device="cuda")
-        attention = (BucketKernelBackend(plan=None) if backend == "kernel"
-                     else SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
-        layers = 2 if mode == "decode" else None
-        hazards = capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits,
-                                                      num_layers=layers, mode=mode))
+    attention = (BucketKernelBackend(plan=None) if backend == "kernel"
+                 else SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
+    hazards = graph_body_hazards(Bucket(4, 8 if mode == "verify" else 1, 64), attention, mode)
     assert hazards == [], "\n".join(map(str, hazards))
 
 
@@ -91,22 +93,14 @@ def test_the_triton_verify_mask_written_by_a_python_scalar_is_found(monkeypatch)
     """The bug phase 2's first graph run hit, put back: the detector names its line."""
     import kdtree.bench.decode_triton as dt
 
+    real_layout = dt.sglang_verify_layout
+
     def layout_with_scalar_write(meta, rows, with_mask=True):
         lay = real_layout(meta, rows, with_mask)
         lay.custom_mask[lay.custom_mask.numel() - 1] = False
         return lay
 
-    real_layout = dt.sglang_verify_layout
     monkeypatch.setattr(dt, "sglang_verify_layout", layout_with_scalar_write)
-    bucket = Bucket(2, 4, 32)
-    model = cpu_model()
-    with fake_cuda():
-        model = model.to("cuda")
-        kv = [torch.empty(256, 576, device="cuda", dtype=model.dtype) for _ in range(model.config.num_layers)]
-        stage = torch.tensor(stage_values(bucket, [], [], [], 255)[0], dtype=torch.int64).to("cuda")
-        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
-        logits = torch.empty(bucket.rows, model.config.vocab_size, device="cuda")
-        attention = SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel))
-        hazards = capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits))
+    hazards = graph_body_hazards(Bucket(2, 4, 32), SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
     assert kinds(hazards) == [("host-to-device copy", "copy_")]
     assert "lay.custom_mask[lay.custom_mask.numel() - 1] = False" in hazards[0].where
