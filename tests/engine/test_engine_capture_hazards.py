@@ -11,7 +11,7 @@ import torch
 
 from kdtree.bench.decode_triton import SGLangTritonBackend
 from kdtree.engine import build_model, preset
-from kdtree.engine.decode.capture_hazards import capture_hazards, fake_cuda
+from kdtree.engine.decode.capture_hazards import capture_hazards, fake_device
 from kdtree.engine.decode.graph_capture import BucketKernelBackend, Bucket, stage_values, verify_body
 
 
@@ -20,36 +20,43 @@ def kinds(hazards):
 
 
 def test_each_forbidden_operation_is_found_with_its_line():
-    with fake_cuda():
-        mask = torch.ones(10, dtype=torch.bool, device="cuda")
-        x = torch.arange(5, device="cuda")
+    with fake_device() as dev:
+        mask = torch.ones(10, dtype=torch.bool, device=dev)
+        x = torch.arange(5, device=dev)
 
         def body():
             mask[9] = False
             x.cpu()
-            torch.tensor([1, 2]).to("cuda")
+            torch.tensor([1, 2]).to(dev)
+            torch.tensor([3], device=dev)
+            x.copy_(torch.arange(5))
             if mask.any():
                 pass
 
         hazards = capture_hazards(body)
-    assert kinds(hazards) == [("host-to-device copy", "copy_"), ("device-to-host copy", "_to_copy"),
-                              ("host-to-device copy", "_to_copy"), ("host sync", "_local_scalar_dense")]
+    assert kinds(hazards) == [("host-to-device copy", "setitem of a Python scalar"),
+                              ("device-to-host copy", "_to_copy"), ("host-to-device copy", "_to_copy"),
+                              ("host-to-device copy", "torch.tensor onto a device"),
+                              ("host-to-device copy", "copy_"), ("host sync", "_local_scalar_dense")]
     assert "test_engine_capture_hazards.py" in hazards[0].where and "mask[9] = False" in hazards[0].where
     assert "if mask.any()" in str(hazards[-1])
 
 
 def test_a_data_dependent_shape_ends_the_walk_as_its_last_hazard():
-    with fake_cuda():
-        mask = torch.ones(10, dtype=torch.bool, device="cuda")
+    with fake_device() as dev:
+        mask = torch.ones(10, dtype=torch.bool, device=dev)
         hazards = capture_hazards(lambda: (mask[mask], mask.cpu()))
     assert kinds(hazards) == [("data-dependent shape", "index")]
 
 
 def test_device_only_work_has_no_hazard_and_other_errors_propagate():
-    with fake_cuda():
-        mask = torch.ones(10, dtype=torch.bool, device="cuda")
-        x = torch.arange(5, device="cuda")
-        assert capture_hazards(lambda: (mask[9:].zero_(), torch.searchsorted(x, x), x + 1, mask.sum())) == []
+    with fake_device() as dev:
+        mask = torch.ones(10, dtype=torch.bool, device=dev)
+        x = torch.arange(5, device=dev)
+        host = torch.ones(3)
+        host[0] = 2.0  # host tensors are the host's business
+        assert capture_hazards(lambda: (mask[9:].zero_(), torch.searchsorted(x, x), x + 1, mask.sum(),
+                                        host.__setitem__(1, 3.0), torch.tensor([1.0]))) == []
         with pytest.raises(ZeroDivisionError):
             capture_hazards(lambda: 1 / 0)
 
@@ -63,17 +70,17 @@ def _kernel_launch_stub(q, kv_cache, qo_indptr, kv_indptr, kv_indices, tree_mask
 
 
 def graph_body_hazards(bucket: Bucket, attention, mode: str = "verify"):
-    """`capture_hazards` of `verify_body` over a bucket's static buffers, the tiny model on fake CUDA
-    (built on the CPU first: its initialisation reads values a fake tensor does not have)."""
+    """`capture_hazards` of `verify_body` over a bucket's static buffers, the tiny model on the fake
+    device (built on the CPU first: its initialisation reads values a fake tensor does not have)."""
     model = build_model(preset("tiny"), seed=0)
     slots = 512
-    with fake_cuda():
-        model = model.to("cuda")
+    with fake_device() as dev:
+        model = model.to(dev)
         cfg = model.config
-        kv = [torch.empty(slots, 576, device="cuda", dtype=model.dtype) for _ in range(cfg.num_layers)]
-        stage = torch.tensor(stage_values(bucket, [], [], [], slots - 1)[0], dtype=torch.int64).to("cuda")
-        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device="cuda")
-        logits = torch.empty(bucket.rows, cfg.vocab_size, device="cuda")
+        kv = [torch.empty(slots, 576, device=dev, dtype=model.dtype) for _ in range(cfg.num_layers)]
+        stage = torch.tensor(stage_values(bucket, [], [], [], slots - 1)[0], dtype=torch.int64).to(dev)
+        kv_indices = torch.zeros(bucket.kv_capacity, dtype=torch.int32, device=dev)
+        logits = torch.empty(bucket.rows, cfg.vocab_size, device=dev)
         layers = 2 if mode == "decode" else None
         return capture_hazards(lambda: verify_body(model, kv, bucket, attention, stage, kv_indices, logits,
                                                    num_layers=layers, mode=mode))
@@ -102,5 +109,5 @@ def test_the_triton_verify_mask_written_by_a_python_scalar_is_found(monkeypatch)
 
     monkeypatch.setattr(dt, "sglang_verify_layout", layout_with_scalar_write)
     hazards = graph_body_hazards(Bucket(2, 4, 32), SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
-    assert kinds(hazards) == [("host-to-device copy", "copy_")]
+    assert kinds(hazards) == [("host-to-device copy", "setitem of a Python scalar")]
     assert "lay.custom_mask[lay.custom_mask.numel() - 1] = False" in hazards[0].where
