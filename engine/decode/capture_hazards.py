@@ -109,7 +109,7 @@ def _host_entries_checked(detector: _HazardMode) -> Iterator[None]:
     setitem, tensor = torch.Tensor.__setitem__, torch.tensor
 
     def checked_setitem(self, index, value):
-        if isinstance(value, (numbers.Number, bool)) and _on_device(self):
+        if isinstance(value, numbers.Number) and _on_device(self):  # bool is a Number too
             detector.note(HOST_TO_DEVICE, "setitem of a Python scalar")
         return setitem(self, index, value)
 
