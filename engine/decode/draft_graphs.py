@@ -10,7 +10,7 @@ the bucket's launch plan by default, or what ``backend_factory`` gives.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -37,10 +37,15 @@ class DraftGraphs:
                                    max_context=max_context, backend_factory=backend_factory,
                                    num_layers=num_layers, mode="decode")
 
-    def decode_logits(self, contexts: Sequence[torch.Tensor], tokens: Sequence[int],
+    def decode_logits(self, contexts: Sequence[torch.Tensor], tokens: Union[Sequence[int], torch.Tensor],
                       slots: Sequence[int]) -> Optional[torch.Tensor]:
         """Logits [B, vocab] of one decode pass: request b's token `tokens[b]` written into `slots[b]`
-        attends to `contexts[b]` (int32 device slots) and itself. A view of the graph's static
-        output, valid until the next replay; None when no bucket holds the pass."""
+        attends to `contexts[b]` (int32 device slots) and itself. `tokens` may be a device tensor
+        [B] (the previous pass's argmax): it is copied into the graph's input on the device, so the
+        host never waits for the pass before. A view of the graph's static output, valid until the
+        next replay; None when no bucket holds the pass."""
+        if isinstance(tokens, torch.Tensor):
+            trees = [TokenTree.single(0) for _ in slots]
+            return self.graphs.logits_for(contexts, trees, [[int(s)] for s in slots], row_ids=tokens)
         trees = [TokenTree.single(int(t)) for t in tokens]
         return self.graphs.logits_for(contexts, trees, [[int(s)] for s in slots])

@@ -18,7 +18,7 @@ runner's draft graphs where it has them (`Runner.draft_logits`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -82,7 +82,8 @@ class SelfDraftDrafter(Drafter):
         dev = runner.model.device
         prefix = [runner.prefix(r.rid) for r in requests]  # device tensors: no host copy of long prefixes
         temp: list[list[int]] = [[] for _ in requests]
-        tokens = [r.pending for r in requests]
+        # after the first pass the chain's tokens stay on the device: no pass waits for the one before
+        tokens: Union[list[int], torch.Tensor] = [r.pending for r in requests]
         out = []
         try:
             for _ in range(depth):
@@ -94,7 +95,7 @@ class SelfDraftDrafter(Drafter):
                 logits = runner.draft_logits(context, tokens, slots, layers)
                 logprobs = torch.log_softmax(logits, dim=-1)
                 out.append(logprobs)
-                tokens = logprobs.argmax(-1).tolist()
+                tokens = logprobs.argmax(-1)
         finally:
             pool.free([s for t in temp for s in t])
         return torch.stack(out, dim=1)

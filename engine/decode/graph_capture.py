@@ -326,8 +326,16 @@ class VerifyGraphs:
         return self.logits_for([runner.prefix(r.rid) for r in requests], trees, tree_slots)
 
     def logits_for(self, prefixes: Sequence[torch.Tensor], trees: Sequence["TokenTree"],
-                   tree_slots: Sequence[Sequence[int]]) -> Optional[torch.Tensor]:
-        """`verify_logits` for explicit prefixes (int32 device tensors of slots, one per tree)."""
+                   tree_slots: Sequence[Sequence[int]], row_ids: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """`verify_logits` for explicit prefixes (int32 device tensors of slots, one per tree).
+
+        ``row_ids``, a device tensor of the rows' token ids in tree order (``sum(len(t))`` of
+        them), replaces the trees' tokens on the device: a token the GPU has just computed goes
+        in without the host reading it back."""
+        rows = sum(len(t) for t in trees)
+        if row_ids is not None and (row_ids.dim() != 1 or row_ids.numel() != rows or row_ids.device != self.model.device):
+            raise ValueError(f"row_ids must be a 1-D tensor of {rows} token ids on {self.model.device}, "
+                             f"got shape {tuple(row_ids.shape)} on {row_ids.device}")
         lens = [int(p.numel()) for p in prefixes]
         bucket = self.bucket(lens, trees)
         if bucket is None:
@@ -339,9 +347,11 @@ class VerifyGraphs:
         values, starts = stage_values(bucket, lens, trees, tree_slots, self.scratch_slot)
         # through pinned memory: a pageable upload would make the host wait for the stream first
         captured.stage.copy_(torch.tensor(values, dtype=torch.int64).pin_memory(), non_blocking=True)
+        if row_ids is not None:  # the ids are the stage's first field, rows in tree order
+            captured.stage[:rows].copy_(row_ids)
         for start, length, prefix in zip(starts, lens, prefixes):
             if length:
                 captured.kv_indices[start: start + length].copy_(prefix)
         captured.graph.replay()
         self.replays += 1
-        return captured.logits[: sum(len(t) for t in trees)]
+        return captured.logits[:rows]

@@ -11,7 +11,7 @@ frees the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -78,21 +78,27 @@ class Runner:
         for rid, margin, runner_up in zip(rids, margins, top.indices[:, 1].tolist()):
             self.decisions.setdefault(rid, []).append((margin, runner_up))
 
-    def forward(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int],
+    def forward(self, tokens: Union[Sequence[int], torch.Tensor], positions: Sequence[int], slots: Sequence[int],
                 meta: AttentionMetadata, num_layers: Optional[int] = None,
                 logit_rows: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Logits of one forward pass; `tokens` are host ints or a tensor of ids already on the device."""
         dev = self.model.device
         rows = None if logit_rows is None else to_device(list(logit_rows), dev, torch.long)
         positions = list(positions)
-        return self.model(to_device(list(tokens), dev, torch.long), to_device(positions, dev, torch.long),
+        ids = tokens.to(torch.long) if isinstance(tokens, torch.Tensor) else to_device(list(tokens), dev, torch.long)
+        return self.model(ids, to_device(positions, dev, torch.long),
                           to_device(list(slots), dev, torch.int32), self.pool.kv,
                           self.backend, meta, num_layers, rows, max_position=max(positions, default=None))
 
-    def draft_logits(self, contexts: Sequence[torch.Tensor], tokens: Sequence[int], slots: Sequence[int],
-                     num_layers: int) -> torch.Tensor:
+    def draft_logits(self, contexts: Sequence[torch.Tensor], tokens: Union[Sequence[int], torch.Tensor],
+                     slots: Sequence[int], num_layers: int) -> torch.Tensor:
         """Logits [B, vocab] of one decode pass of the first `num_layers` layers: request b's token
         `tokens[b]`, written into `slots[b]`, attends to `contexts[b]` (int32 device slots) and itself.
+        `tokens` are host ints or a device tensor [B] (a previous pass's argmax, never read back).
         Replayed from `draft_graphs` where a bucket holds it (and its layer count is this one), else eager."""
+        if isinstance(tokens, torch.Tensor) and (tokens.shape != (len(slots),) or tokens.device != self.model.device):
+            raise ValueError(f"tokens must be [{len(slots)}] on {self.model.device}, "
+                             f"got shape {tuple(tokens.shape)} on {tokens.device}")
         graphs = self.draft_graphs
         if graphs is not None and graphs.num_layers == num_layers:
             logits = graphs.decode_logits(contexts, tokens, slots)

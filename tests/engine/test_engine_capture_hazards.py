@@ -111,3 +111,54 @@ def test_the_triton_verify_mask_written_by_a_python_scalar_is_found(monkeypatch)
     hazards = graph_body_hazards(Bucket(2, 4, 32), SGLangTritonBackend(kernels=(_no_op_kernel, _no_op_kernel)))
     assert kinds(hazards) == [("host-to-device copy", "setitem of a Python scalar")]
     assert "lay.custom_mask[lay.custom_mask.numel() - 1] = False" in hazards[0].where
+
+
+class _HostSlots:
+    """A pool's slot bookkeeping, on the host as the real one is (numpy: a fake mode has no CPU values)."""
+
+    def __init__(self):
+        self.next, self.freed = 0, []
+
+    def alloc(self, n):
+        import numpy as np
+
+        self.next += n
+        return np.arange(self.next - n, self.next)
+
+    def free(self, slots):
+        self.freed.extend(slots)
+
+
+class _FakeDeviceDraftRunner:
+    """What `SelfDraftDrafter.depth_logprobs` uses of a runner, its tensors on the fake device: a
+    pass's logits are a lookup of its tokens, so nothing but the drafter's loop issues host work."""
+
+    def __init__(self, config, dev):
+        from types import SimpleNamespace
+
+        self.model, self.pool, self.dev = SimpleNamespace(config=config, device=dev), _HostSlots(), dev
+        self.table = torch.randn(config.vocab_size, config.vocab_size, device=dev)
+
+    def prefix(self, rid):
+        return torch.zeros(100 + rid, dtype=torch.int32, device=self.dev)
+
+    def draft_logits(self, contexts, tokens, slots, num_layers):
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.tensor(tokens).to(self.dev)
+        return self.table[tokens]
+
+
+@pytest.mark.parametrize("drafter_name", ["ddtree", "selfdraft"])
+def test_the_draft_passes_never_wait_for_the_device(drafter_name, tiny_model):
+    """Between a step's first draft pass and the tree built from all of them the host reads
+    nothing back, so it queues every pass while the GPU runs the first (graph decode's host time)."""
+    from kdtree.engine.decode.drafters import get_drafter
+    from kdtree.engine.decode.speculative import Request
+    drafter = get_drafter(drafter_name)
+    requests = [Request(b, [1], 10, output=[3 + b]) for b in range(2)]
+    with fake_device() as dev:
+        runner = _FakeDeviceDraftRunner(tiny_model.config, dev)
+        hazards = capture_hazards(lambda: drafter.depth_logprobs(requests, drafter.passes(16), runner))
+    waits = [h for h in hazards if h.kind != "host-to-device copy"]
+    assert drafter.passes(16) > 1 and waits == [], "\n".join(map(str, waits))
+    assert len(runner.pool.freed) == 2 * drafter.passes(16)  # it ran every pass

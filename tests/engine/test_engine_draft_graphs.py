@@ -24,9 +24,11 @@ class CountingRunner(Runner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.passes: list[tuple[int, int]] = []
+        self.token_kinds: list[str] = []
 
     def draft_logits(self, contexts, tokens, slots, num_layers):
         self.passes.append((len(tokens), num_layers))
+        self.token_kinds.append("tensor" if isinstance(tokens, torch.Tensor) else "host")
         return super().draft_logits(contexts, tokens, slots, num_layers)
 
 
@@ -51,6 +53,24 @@ def test_every_draft_pass_goes_through_draft_logits(tiny_model, drafter, budget)
     layers = drafter.layers_for(tiny_model.config.num_layers)
     assert runner.passes == [(2, layers)] * drafter.passes(budget)
     assert all(len(t) <= budget for t in trees) and pool.num_free == free  # draft slots handed back
+    # the pending tokens come from the host; every later pass takes the one before's argmax as is
+    assert runner.token_kinds == ["host"] + ["tensor"] * (drafter.passes(budget) - 1)
+
+
+def test_a_pass_given_device_tokens_equals_the_pass_given_host_ints(tiny_model):
+    pool = KVPool(tiny_model.config.num_layers, 256, dtype=tiny_model.dtype)
+    gen = torch.Generator().manual_seed(5)
+    for layer in pool.kv:
+        layer.normal_(generator=gen)
+    requests = _requests(tiny_model, pool, [17, 40], seed=4)
+    runner = Runner(tiny_model, pool, get_backend("torch"))
+    contexts = [runner.prefix(r.rid) for r in requests]
+    slots = pool.alloc(2).tolist()
+    host = runner.draft_logits(contexts, [r.pending for r in requests], slots, 2)
+    device = runner.draft_logits(contexts, torch.tensor([r.pending for r in requests]), slots, 2)
+    assert torch.equal(host, device)
+    with pytest.raises(ValueError, match=r"tokens must be \[2\]"):
+        runner.draft_logits(contexts, torch.tensor([requests[0].pending]), slots, 2)
 
 
 def test_decode_bucket_body_gives_the_eager_passs_logits(tiny_model):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree.engine import generate
+from kdtree.engine import TokenTree, generate
 from kdtree.engine.api import decode_loop
 from kdtree.engine.decode.backends import get_backend
 from kdtree.engine.decode.drafters import get_drafter
@@ -53,7 +53,13 @@ def test_a_replayed_pass_matches_the_eager_pass(tiny_cuda_model):
     for _ in range(2):  # the first call captures, the second replays
         got = graph_runner.draft_logits(contexts, [5, 6], slots, 2)
         assert torch.allclose(got, want, rtol=2e-2, atol=2e-2)
-    assert graphs.graphs.captures == 1 and graphs.graphs.replays == 2
+    # a previous pass's argmax goes in on the device (the host stages token 0 in its place)
+    got = graph_runner.draft_logits(contexts, torch.tensor([5, 6], device="cuda"), slots, 2)
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2)
+    assert graphs.graphs.captures == 1 and graphs.graphs.replays == 3
+    with pytest.raises(ValueError, match="row_ids must be"):
+        graphs.graphs.logits_for(contexts, [TokenTree.single(0)] * 2, [[s] for s in slots],
+                                 row_ids=torch.tensor([5], device="cuda"))
 
 
 def test_sglang_triton_backend_replays_both_halves(tiny_cuda_model):
